@@ -1,0 +1,1 @@
+"""Dynamic batching: a pure policy (`policy.decide`) and the small asyncio mechanism around it."""

@@ -1,0 +1,1 @@
+"""The `headroom` command line: one module per subcommand, wired together in `main`."""

@@ -1,0 +1,28 @@
+"""`headroom` entry point. Each subcommand lives in its own module; this file only wires them."""
+
+from __future__ import annotations
+
+import typer
+
+from headroom.cli import bench, build_models, plan, serve, sim
+
+app = typer.Typer(
+    name="headroom",
+    help="Serve models within their latency SLOs, load-test them, and plan the hardware a load needs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("serve")(serve.serve)
+app.command("build-models")(build_models.build_models)
+app.add_typer(bench.app, name="bench")
+app.add_typer(plan.app, name="plan")
+app.add_typer(sim.app, name="sim")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

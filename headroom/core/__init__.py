@@ -1,0 +1,1 @@
+"""Shared contracts: clocks, errors, wire-neutral request/response types."""

@@ -1,0 +1,1 @@
+"""Model repository, backends (onnxruntime, torch, python) and the built-in default models."""

@@ -1,0 +1,181 @@
+"""Model configuration: one frozen dataclass per concern, parsed from `models/<name>/config.yaml`.
+
+Example (all keys but `backend`, `inputs` and `outputs` optional)::
+
+    backend: onnxruntime          # onnxruntime | torch | python
+    max_batch_size: 32            # 0 = the model does not batch; shapes then include every dimension
+    inputs:
+      - {name: input, datatype: FP32, shape: [1, 8, 8]}   # without the batch dimension when batching
+    outputs:
+      - {name: probabilities, datatype: FP32, shape: [10]}
+    dynamic_batching:
+      mode: dynamic               # dynamic | static | adaptive | multistream
+      max_queue_delay_ms: 2
+      preferred_batch_sizes: [8, 16, 32]
+      max_queue_size: 256
+      default_timeout_ms: 5000
+      priority_levels: 2
+    instances: 1
+    warmup: {batch_sizes: [1, 8, 32]}
+    parameters: {labels: labels.txt}   # backend-specific
+
+The YAML edge validates with ValueError carrying the file and key, so a user knows what to fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from headroom.core.types import V2_TO_NUMPY
+
+BACKENDS = ("onnxruntime", "torch", "python")
+BATCHING_MODES = ("dynamic", "static", "adaptive", "multistream")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """A declared input or output."""
+
+    name: str  # tensor name used on the wire
+    datatype: str  # V2 datatype name
+    shape: tuple[int, ...]  # per-item shape (no batch dim when max_batch_size > 0); -1 = any size
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingConfig:
+    """How the scheduler groups requests for this model (see headroom.batching.policy)."""
+
+    mode: str = "dynamic"  # dynamic | static | adaptive | multistream
+    max_queue_delay_ms: float = 2.0  # dynamic: longest the oldest queued request waits for company
+    preferred_batch_sizes: tuple[int, ...] = ()  # close early at the largest formable preferred size
+    max_queue_size: int = 256  # admission control: requests beyond this get 503 + Retry-After
+    default_timeout_ms: float = 30_000.0  # deadline for a request that names none
+    priority_levels: int = 1  # number of priority levels (1 = highest); FIFO within a level
+    static_timeout_ms: float = 100.0  # static mode: safety timeout when a full batch never forms
+    slo_p99_ms: float = 100.0  # adaptive mode: latency budget the window must respect
+    sync_deadline_ms: float = 33.0  # multistream: how long a frame waits for its missing streams
+    expected_streams: tuple[str, ...] = ()  # multistream: stream ids a complete frame carries
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupConfig:
+    """Warmup run at load; the model is not ready until it finishes."""
+
+    batch_sizes: tuple[int, ...] = (1,)  # each batch size is executed once with synthetic inputs
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Everything the server needs to serve one model."""
+
+    name: str  # model name (the directory name)
+    backend: str  # onnxruntime | torch | python
+    inputs: tuple[TensorSpec, ...]  # declared inputs
+    outputs: tuple[TensorSpec, ...]  # declared outputs
+    max_batch_size: int = 0  # 0 = no batching dimension
+    batching: BatchingConfig = field(default_factory=BatchingConfig)  # scheduler settings
+    instances: int = 1  # concurrent executions (threads) of this model
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)  # warmup settings
+    parameters: Mapping[str, Any] = field(default_factory=dict)  # backend-specific settings
+    platform: str = ""  # free text reported in metadata (e.g. "onnxruntime_onnx")
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.inputs if t.name == name), None)
+
+    def output(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.outputs if t.name == name), None)
+
+
+def _tensor_specs(raw: Any, where: str) -> tuple[TensorSpec, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"{where}: must be a non-empty list of {{name, datatype, shape}}")
+    specs = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping):
+            raise ValueError(f"{where}[{i}]: must be a mapping with name, datatype, shape")
+        name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where}[{i}].name: a non-empty string is required")
+        if datatype not in V2_TO_NUMPY:
+            raise ValueError(f"{where}[{i}].datatype: {datatype!r} is not one of {', '.join(V2_TO_NUMPY)}")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and (d > 0 or d == -1) for d in shape):
+            raise ValueError(f"{where}[{i}].shape: a list of positive ints or -1 is required, got {shape!r}")
+        specs.append(TensorSpec(name=name, datatype=str(datatype), shape=tuple(shape)))
+    return tuple(specs)
+
+
+def _batching(raw: Any, where: str) -> BatchingConfig:
+    if raw is None:
+        return BatchingConfig()
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: must be a mapping")
+    known = set(BatchingConfig.__dataclass_fields__)
+    unknown = set(raw) - known
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    kwargs = dict(raw)
+    for key in ("preferred_batch_sizes", "expected_streams"):
+        if key in kwargs:
+            kwargs[key] = tuple(kwargs[key])
+    cfg = BatchingConfig(**kwargs)
+    if cfg.mode not in BATCHING_MODES:
+        raise ValueError(f"{where}.mode: {cfg.mode!r} is not one of {', '.join(BATCHING_MODES)}")
+    if cfg.max_queue_delay_ms < 0 or cfg.max_queue_size < 1 or cfg.priority_levels < 1:
+        raise ValueError(f"{where}: max_queue_delay_ms >= 0, max_queue_size >= 1, priority_levels >= 1")
+    if cfg.default_timeout_ms <= 0:
+        raise ValueError(f"{where}.default_timeout_ms: must be > 0")
+    if any(b < 1 for b in cfg.preferred_batch_sizes):
+        raise ValueError(f"{where}.preferred_batch_sizes: every size must be >= 1")
+    return cfg
+
+
+def parse_model_config(raw: Mapping[str, Any], name: str, where: str = "config.yaml") -> ModelConfig:
+    """Validate a parsed YAML mapping into a ModelConfig; raises ValueError naming the bad key."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: the top level must be a mapping")
+    backend = raw.get("backend")
+    if backend not in BACKENDS:
+        raise ValueError(f"{where}.backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+    max_batch_size = int(raw.get("max_batch_size", 0))
+    if max_batch_size < 0:
+        raise ValueError(f"{where}.max_batch_size: must be >= 0")
+    batching = _batching(raw.get("dynamic_batching"), f"{where}.dynamic_batching")
+    if any(b > max(max_batch_size, 1) for b in batching.preferred_batch_sizes):
+        raise ValueError(f"{where}.dynamic_batching.preferred_batch_sizes: sizes must be <= max_batch_size")
+    warm_raw = raw.get("warmup") or {}
+    warmup = WarmupConfig(batch_sizes=tuple(int(b) for b in warm_raw.get("batch_sizes", (1,))))
+    instances = int(raw.get("instances", 1))
+    if instances < 1:
+        raise ValueError(f"{where}.instances: must be >= 1")
+    params = raw.get("parameters") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"{where}.parameters: must be a mapping")
+    return ModelConfig(
+        name=name,
+        backend=str(backend),
+        inputs=_tensor_specs(raw.get("inputs"), f"{where}.inputs"),
+        outputs=_tensor_specs(raw.get("outputs"), f"{where}.outputs"),
+        max_batch_size=max_batch_size,
+        batching=batching,
+        instances=instances,
+        warmup=warmup,
+        parameters=dict(params),
+        platform=str(raw.get("platform", backend)),
+    )
+
+
+def load_model_config(model_dir: Path) -> ModelConfig:
+    """Read and validate `<model_dir>/config.yaml`."""
+    path = model_dir / "config.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: missing; every model directory needs a config.yaml") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    return parse_model_config(raw, model_dir.name, str(path))
