@@ -109,7 +109,8 @@ def _take_prefix(order: Sequence[int], items: Sequence[QueuedItem], cap: int) ->
 
 
 def _ordered_live(snapshot: QueueSnapshot, now_s: float) -> tuple[list[int], tuple[int, ...]]:
-    live, expired = [], []
+    live: list[int] = []
+    expired: list[int] = []
     for i, item in enumerate(snapshot.items):
         (expired if item.deadline_s <= now_s else live).append(i)
     live.sort(key=lambda i: (snapshot.items[i].priority, snapshot.items[i].enqueued_s, i))

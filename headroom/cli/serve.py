@@ -1,17 +1,59 @@
-"""`headroom serve`: start the inference server."""
+"""`headroom serve`: start the inference server (flags follow Triton's names)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
+from rich.console import Console
+
+from headroom.server.app import Server, ServerConfig
+from headroom.server.http_app import HttpLimits
+from headroom.server.logging import configure_logging
+
+
+def _banner(server: Server) -> None:
+    host, http, grpc = server.config.host, server.http_port, server.grpc_port
+    console = Console(stderr=True)
+    names = server.dataplane.model_names()
+    console.print(f"[bold green]headroom is ready[/] — models: {', '.join(names) or '(none)'}")
+    console.print(f"  HTTP  (KServe V2, OpenAI, /metrics)  http://{host}:{http}")
+    if grpc >= 0:
+        console.print(f"  gRPC  (inference.GRPCInferenceService)  {host}:{grpc}")
+    console.print("  try:")
+    console.print(f"    curl -s http://{host}:{http}/v2/health/ready")
+    if "minilm" in names:
+        console.print(f"    curl -s http://{host}:{http}/v1/embeddings -H 'content-type: application/json' "
+                      "-d '{\"model\": \"minilm\", \"input\": [\"hello world\"]}'")
+    if "digits" in names:
+        console.print(f"    curl -s http://{host}:{http}/v2/models/digits")
 
 
 def serve(
-    host: str = typer.Option("127.0.0.1", help="Address to bind HTTP and gRPC to."),
-    http_port: int = typer.Option(8000, help="HTTP port (KServe V2, OpenAI, /metrics)."),
-    grpc_port: int = typer.Option(8001, help="gRPC port (inference.GRPCInferenceService)."),
-    model_repository: Path = typer.Option(Path("models"), help="Directory of <model>/config.yaml + versions."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind HTTP and gRPC to (loopback by default)."),
+    http_port: int = typer.Option(8000, help="HTTP port: KServe V2 REST, OpenAI API, /metrics. 0 = any free."),
+    grpc_port: int = typer.Option(8001, help="gRPC port (inference.GRPCInferenceService). 0 = any free, -1 = off."),
+    model_repository: Path = typer.Option(Path("models"), help="Directory of <model>/config.yaml + <version>/."),
+    model: list[str] = typer.Option([], "--model", help="Serve only this model directory (repeatable)."),
+    max_body_mb: float = typer.Option(64.0, help="Largest accepted request body in MiB (larger: 413)."),
+    drain_timeout_s: float = typer.Option(30.0, help="On SIGTERM, how long to let in-flight requests finish."),
+    log_level: str = typer.Option("info", help="Log level for headroom's JSON logs on stderr."),
+    access_log: bool = typer.Option(True, help="One JSON log line per request."),
 ) -> None:
-    """Serve every model in the repository over KServe V2 (HTTP + gRPC) and the OpenAI API."""
-    raise typer.Exit(code=1)
+    """Serve every model in the repository over KServe V2 (HTTP + gRPC) and the OpenAI API.
+
+    The server answers liveness at once and readiness once every model is loaded and warmed up.
+    """
+    configure_logging(log_level, access_log)
+    config = ServerConfig(
+        model_repository=model_repository, host=host, http_port=http_port, grpc_port=grpc_port,
+        models=tuple(model) or None, limits=HttpLimits(max_body_bytes=int(max_body_mb * 1024 * 1024)),
+        drain_timeout_s=drain_timeout_s, log_level=log_level,
+    )
+    import uvloop  # ships with uvicorn[standard]
+
+    try:
+        uvloop.run(Server(config).run(on_ready=_banner))
+    except ValueError as exc:  # configuration problems: say what to fix, no traceback
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(code=2) from None

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from headroom.core.errors import InvalidRequest
 
 #: V2 datatype name -> numpy dtype. BYTES is an object array of `bytes`.
-V2_TO_NUMPY: Mapping[str, np.dtype[object]] = {
+V2_TO_NUMPY: Mapping[str, np.dtype[Any]] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype(np.uint8),
     "UINT16": np.dtype(np.uint16),
@@ -29,10 +30,10 @@ V2_TO_NUMPY: Mapping[str, np.dtype[object]] = {
     "FP64": np.dtype(np.float64),
     "BYTES": np.dtype(object),
 }
-NUMPY_TO_V2: Mapping[np.dtype[object], str] = {v: k for k, v in V2_TO_NUMPY.items()}
+NUMPY_TO_V2: Mapping[np.dtype[Any], str] = {v: k for k, v in V2_TO_NUMPY.items()}
 
 
-def numpy_dtype(datatype: str) -> np.dtype[object]:
+def numpy_dtype(datatype: str) -> np.dtype[Any]:
     """The numpy dtype for a V2 datatype name; raises InvalidRequest for unknown names."""
     try:
         return V2_TO_NUMPY[datatype]
@@ -117,6 +118,6 @@ class InferenceResponse:
     model_version: str  # the version that answered
     outputs: tuple[Tensor, ...]  # output tensors in requested (or config) order
     requested: tuple[RequestedOutput, ...] = ()  # encoding wishes carried from the request
-    parameters: Mapping[str, object] = field(default_factory=dict)  # response parameters (e.g. missing streams)
+    parameters: Mapping[str, object] = field(default_factory=dict)  # response params (missing streams, ...)
     timings: StageTimings = field(default_factory=StageTimings)  # per-stage breakdown
     batch_size: int = 1  # how many requests shared the compute call

@@ -2,7 +2,7 @@
 
 Example (all keys but `backend`, `inputs` and `outputs` optional)::
 
-    backend: onnxruntime          # onnxruntime | torch | python
+    backend: onnxruntime          # onnxruntime | torch | python | llm (generative, see headroom.llm)
     max_batch_size: 32            # 0 = the model does not batch; shapes then include every dimension
     inputs:
       - {name: input, datatype: FP32, shape: [1, 8, 8]}   # without the batch dimension when batching
@@ -17,6 +17,7 @@ Example (all keys but `backend`, `inputs` and `outputs` optional)::
       priority_levels: 2
     instances: 1
     warmup: {batch_sizes: [1, 8, 32]}
+    version_policy: {latest: 1}   # {latest: N} | {all: {}} | {specific: [1, 3]}  (Triton's names)
     parameters: {labels: labels.txt}   # backend-specific
 
 The YAML edge validates with ValueError carrying the file and key, so a user knows what to fix.
@@ -33,7 +34,7 @@ import yaml
 
 from headroom.core.types import V2_TO_NUMPY
 
-BACKENDS = ("onnxruntime", "torch", "python")
+BACKENDS = ("onnxruntime", "torch", "python", "llm")
 BATCHING_MODES = ("dynamic", "static", "adaptive", "multistream")
 
 
@@ -69,6 +70,27 @@ class WarmupConfig:
     batch_sizes: tuple[int, ...] = (1,)  # each batch size is executed once with synthetic inputs
 
 
+VERSION_POLICY_KINDS = ("latest", "all", "specific")
+
+
+@dataclass(frozen=True, slots=True)
+class VersionPolicy:
+    """Which numeric version directories of a model are served (Triton's version_policy)."""
+
+    kind: str = "latest"  # latest | all | specific
+    num_versions: int = 1  # latest: how many of the highest-numbered versions to serve
+    versions: tuple[int, ...] = ()  # specific: exactly these versions
+
+    def select(self, available: tuple[int, ...]) -> tuple[int, ...]:
+        """The versions to serve out of those present on disk, ascending."""
+        ordered = tuple(sorted(available))
+        if self.kind == "all":
+            return ordered
+        if self.kind == "specific":
+            return tuple(v for v in ordered if v in self.versions)
+        return ordered[-self.num_versions :] if ordered else ()
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Everything the server needs to serve one model."""
@@ -83,6 +105,7 @@ class ModelConfig:
     warmup: WarmupConfig = field(default_factory=WarmupConfig)  # warmup settings
     parameters: Mapping[str, Any] = field(default_factory=dict)  # backend-specific settings
     platform: str = ""  # free text reported in metadata (e.g. "onnxruntime_onnx")
+    version_policy: VersionPolicy = field(default_factory=VersionPolicy)  # which versions are served
 
     def input(self, name: str) -> TensorSpec | None:
         return next((t for t in self.inputs if t.name == name), None)
@@ -134,6 +157,25 @@ def _batching(raw: Any, where: str) -> BatchingConfig:
     return cfg
 
 
+def _version_policy(raw: Any, where: str) -> VersionPolicy:
+    if raw is None:
+        return VersionPolicy()
+    if not isinstance(raw, Mapping) or len(raw) != 1 or next(iter(raw)) not in VERSION_POLICY_KINDS:
+        raise ValueError(
+            f"{where}: write exactly one of {{latest: N}}, {{all: {{}}}} or {{specific: [1, 2]}}, got {raw!r}"
+        )
+    kind, value = next(iter(raw.items()))
+    if kind == "latest":
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}.latest: the number of versions must be an int >= 1, got {value!r}")
+        return VersionPolicy(kind="latest", num_versions=value)
+    if kind == "specific":
+        if not isinstance(value, list) or not value or not all(isinstance(v, int) and v >= 0 for v in value):
+            raise ValueError(f"{where}.specific: a non-empty list of versions is needed, got {value!r}")
+        return VersionPolicy(kind="specific", versions=tuple(value))
+    return VersionPolicy(kind="all")
+
+
 def parse_model_config(raw: Mapping[str, Any], name: str, where: str = "config.yaml") -> ModelConfig:
     """Validate a parsed YAML mapping into a ModelConfig; raises ValueError naming the bad key."""
     if not isinstance(raw, Mapping):
@@ -166,6 +208,7 @@ def parse_model_config(raw: Mapping[str, Any], name: str, where: str = "config.y
         warmup=warmup,
         parameters=dict(params),
         platform=str(raw.get("platform", backend)),
+        version_policy=_version_policy(raw.get("version_policy"), f"{where}.version_policy"),
     )
 
 

@@ -1,0 +1,288 @@
+"""The asyncio mechanism around `policy.decide`: admission, a wake-up loop, and thread execution.
+
+Request path inside one model version:
+
+    submit() ── admission (queue full → Overloaded/503) ── preprocess in a worker thread (overlaps the
+    running batch) ── queue ── loop: decide(snapshot, now) ── expire → DeadlineExceeded (never executed)
+                                                       └── take  → collate/predict/split/postprocess in
+                                                                  the model's executor → futures resolved
+
+The loop sleeps until a request arrives, a batch finishes, or the policy's `wake_at_s`. It is the only
+writer of the queue. Every admitted request's future is resolved exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import numpy as np
+
+from headroom.batching.policy import BatchPolicyConfig, QueuedItem, QueueSnapshot, decide
+from headroom.batching.queue import BatchResult, Entry
+from headroom.core.clock import Clock
+from headroom.core.errors import Cancelled, DeadlineExceeded, HeadroomError, InvalidRequest, Overloaded
+from headroom.models.base import Model
+
+log = logging.getLogger("headroom.batcher")
+
+_EWMA_ALPHA = 0.2
+
+
+class BatcherObserver(Protocol):
+    """Where the batcher reports what it does (the server wires Prometheus metrics here)."""
+
+    def on_queue_depth(self, depth: int) -> None: ...
+    def on_batch(self, batch_size: int, num_requests: int, compute_s: float, window_s: float) -> None: ...
+    def on_busy(self, busy_s: float) -> None: ...
+
+
+class NullObserver:
+    """An observer that records nothing (tests, simulator)."""
+
+    def on_queue_depth(self, depth: int) -> None:
+        pass
+
+    def on_batch(self, batch_size: int, num_requests: int, compute_s: float, window_s: float) -> None:
+        pass
+
+    def on_busy(self, busy_s: float) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherConfig:
+    """Mechanism settings for one model version's batcher."""
+
+    policy: BatchPolicyConfig  # the pure policy's knobs
+    max_queue_size: int = 256  # admitted-but-unfinished requests beyond this are rejected (503)
+    instances: int = 1  # batches that may execute concurrently
+    batching: bool = True  # False: every request runs alone (max_batch_size 0 models)
+    retry_after_s: float = 1.0  # Retry-After advertised on 503
+
+
+class Batcher:
+    """Dynamic batcher for one model version. Create inside a running loop; call `start()` then `submit()`."""
+
+    def __init__(self, model: Model, config: BatcherConfig, clock: Clock,
+                 observer: BatcherObserver | None = None, name: str = "model") -> None:
+        self._model = model
+        self._cfg = config
+        self._clock = clock
+        self._obs: BatcherObserver = observer or NullObserver()
+        self._name = name
+        self._queue: list[Entry] = []
+        self._admitted = 0  # admitted and not yet resolved (includes preprocessing and executing)
+        self._free_instances = config.instances
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=config.instances, thread_name_prefix=f"{name}-exec")
+        self._pre_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"{name}-pre")
+        self._loop_task: asyncio.Task[None] | None = None
+        self._batch_tasks: set[asyncio.Task[None]] = set()
+        self._arrival_rate_per_s = 0.0
+        self._last_arrival_s: float | None = None
+        self._service_time_s = 0.0
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(self._run(), name=f"batcher-{self._name}")
+
+    async def stop(self) -> None:
+        """Cancel the loop, fail what is still queued with NotReady-like errors, release threads."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+            self._loop_task = None
+        for entry in self._queue:
+            if not entry.future.done():
+                entry.future.set_exception(Overloaded("the model is shutting down", retry_after_s=1.0))
+        self._queue.clear()
+        if self._batch_tasks:
+            await asyncio.gather(*self._batch_tasks, return_exceptions=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._pre_executor.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def admitted(self) -> int:
+        return self._admitted
+
+    # -- request path ----------------------------------------------------------------------------------
+    async def submit(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object], *,
+                     deadline_s: float, priority: int = 1, group: str = "", stream: str = "") -> BatchResult:
+        """Admit, preprocess, queue and await one request. Raises HeadroomError subclasses."""
+        if self._admitted >= self._cfg.max_queue_size:
+            raise Overloaded(
+                f"model '{self._name}' queue is full ({self._cfg.max_queue_size} requests); retry later",
+                retry_after_s=self._cfg.retry_after_s,
+            )
+        self._admitted += 1
+        self._obs.on_queue_depth(self._admitted)
+        try:
+            return await self._admit(inputs, parameters, deadline_s, priority, group, stream)
+        finally:
+            self._admitted -= 1
+            self._obs.on_queue_depth(self._admitted)
+
+    async def _admit(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object],
+                     deadline_s: float, priority: int, group: str, stream: str) -> BatchResult:
+        admitted_s = self._clock.now_s()
+        self._note_arrival(admitted_s)
+        loop = asyncio.get_running_loop()
+        pre_start = self._clock.now_s()
+        model_inputs = await loop.run_in_executor(
+            self._pre_executor, self._model.preprocess, inputs, parameters
+        )
+        preprocess_s = self._clock.now_s() - pre_start
+        now_s = self._clock.now_s()
+        if now_s >= deadline_s:
+            raise DeadlineExceeded("the request's deadline passed during preprocessing; it was not executed")
+        size = self._model.request_batch_size(model_inputs) if self._cfg.batching else 1
+        if self._cfg.batching and size > self._cfg.policy.max_batch_size:
+            cap = self._cfg.policy.max_batch_size
+            raise InvalidRequest(f"request batch size {size} exceeds the model's max_batch_size {cap}")
+        item = QueuedItem(enqueued_s=now_s, deadline_s=deadline_s, size=size, priority=priority,
+                          group=group, stream=stream)
+        entry = Entry(item=item, inputs=model_inputs, parameters=parameters, future=loop.create_future(),
+                      admitted_s=admitted_s, preprocess_s=preprocess_s)
+        entry.future.add_done_callback(_consume_exception)
+        self._queue.append(entry)
+        self._wakeup.set()
+        try:
+            return await asyncio.shield(entry.future)
+        except asyncio.CancelledError:
+            entry.cancelled = True
+            if entry in self._queue:
+                self._queue.remove(entry)
+                self._wakeup.set()
+            raise
+
+    def _note_arrival(self, now_s: float) -> None:
+        if self._last_arrival_s is not None:
+            gap_s = max(now_s - self._last_arrival_s, 1e-6)
+            rate = 1.0 / gap_s
+            self._arrival_rate_per_s += _EWMA_ALPHA * (rate - self._arrival_rate_per_s)
+        self._last_arrival_s = now_s
+
+    # -- the loop --------------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            wake_at_s = self._step()
+            self._wakeup.clear()
+            if wake_at_s is None:
+                await self._wakeup.wait()
+                continue
+            timeout_s = max(0.0, wake_at_s - self._clock.now_s())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout=timeout_s)
+
+    def _step(self) -> float | None:
+        """Dispatch as many batches as free instances allow; return when to look again."""
+        wake_at_s: float | None = None
+        while self._queue:
+            now_s = self._clock.now_s()
+            if self._free_instances <= 0:
+                # Every instance is busy: only expire requests whose deadline passed meanwhile.
+                self._expire(tuple(i for i, e in enumerate(self._queue) if e.item.deadline_s <= now_s))
+                return self._next_deadline()
+            policy = self._cfg.policy if self._cfg.batching else replace(self._cfg.policy, max_batch_size=1)
+            decision = decide(self._snapshot(), now_s, policy)
+            taken = [self._queue[i] for i in decision.take]
+            self._expire(decision.expire)
+            if not taken:
+                wake_at_s = decision.wake_at_s
+                break
+            for entry in taken:
+                self._queue.remove(entry)
+            self._free_instances -= 1
+            task = asyncio.create_task(self._execute(taken, decision.window_s, decision.missing_streams),
+                                       name=f"batch-{self._name}")
+            self._batch_tasks.add(task)
+            task.add_done_callback(self._batch_tasks.discard)
+        return wake_at_s
+
+    def _snapshot(self) -> QueueSnapshot:
+        return QueueSnapshot(items=tuple(e.item for e in self._queue),
+                             arrival_rate_per_s=self._arrival_rate_per_s, service_time_s=self._service_time_s)
+
+    def _next_deadline(self) -> float | None:
+        return min((e.item.deadline_s for e in self._queue), default=None)
+
+    def _expire(self, indices: tuple[int, ...]) -> None:
+        expired = [self._queue[i] for i in indices]
+        for entry in expired:
+            self._queue.remove(entry)
+            if not entry.future.done():
+                entry.future.set_exception(
+                    DeadlineExceeded("the request's deadline passed while it was queued; it was not executed")
+                )
+
+    async def _execute(self, entries: list[Entry], window_s: float, missing: tuple[str, ...]) -> None:
+        start_s = self._clock.now_s()
+        live = [e for e in entries if not e.cancelled]
+        compute_s = 0.0
+        try:
+            if live:
+                loop = asyncio.get_running_loop()
+                results = await loop.run_in_executor(self._executor, self._run_batch, live, start_s, missing)
+                compute_s = results[0].compute_s
+                for entry, result in zip(live, results, strict=True):
+                    if not entry.future.done():
+                        entry.future.set_result(result)
+        except HeadroomError as exc:
+            for entry in live:
+                if not entry.future.done():
+                    entry.future.set_exception(exc)
+        except Exception as exc:  # a model bug must not take the server down
+            log.exception("model %s failed on a batch of %d", self._name, len(live))
+            for entry in live:
+                if not entry.future.done():
+                    entry.future.set_exception(HeadroomError(f"model '{self._name}' failed: {exc}"))
+        finally:
+            busy_s = self._clock.now_s() - start_s
+            self._obs.on_busy(busy_s)
+            self._free_instances += 1
+            self._wakeup.set()
+        if live:
+            self._obs.on_batch(sum(e.item.size for e in live), len(live), compute_s, window_s)
+
+    def _run_batch(self, entries: list[Entry], start_s: float, missing: tuple[str, ...]) -> list[BatchResult]:
+        """Runs in the executor thread: collate, predict, split, postprocess."""
+        model = self._model
+        batch = model.collate([e.inputs for e in entries])
+        t0 = self._clock.now_s()
+        outputs = model.predict(batch)
+        compute_s = self._clock.now_s() - t0
+        self._service_time_s += _EWMA_ALPHA * (compute_s - self._service_time_s)
+        sizes = [e.item.size for e in entries]
+        pieces = model.split(outputs, sizes)
+        batch_size = sum(sizes)
+        results = []
+        for entry, piece in zip(entries, pieces, strict=True):
+            p0 = self._clock.now_s()
+            post = model.postprocess(piece, entry.parameters)
+            results.append(BatchResult(outputs=post, queue_s=max(0.0, start_s - entry.item.enqueued_s),
+                                       compute_s=compute_s, postprocess_s=self._clock.now_s() - p0,
+                                       batch_size=batch_size, missing_streams=missing))
+        return results
+
+
+def _consume_exception(future: asyncio.Future[BatchResult]) -> None:
+    """Mark a future's exception as retrieved (its client may have gone away before reading it)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def cancelled_error(name: str) -> Cancelled:
+    """The error recorded for a request whose client went away."""
+    return Cancelled(f"client disconnected; request to '{name}' dropped")

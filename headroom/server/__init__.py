@@ -1,0 +1,1 @@
+"""The inference server: composition root, data plane, HTTP app, metrics."""

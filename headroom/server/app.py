@@ -1,0 +1,167 @@
+"""The composition root: builds the object graph for `headroom serve` and runs it.
+
+    ServerConfig ─► Server.run()
+        registry, clock, metrics ─► DataPlane ─► HttpApi ─► Starlette app ─► uvicorn (HTTP)
+                                        └──────► gRPC servicer ─► grpc.aio server
+        ModelRepository.scan() ─► load tensor models in threads ─► DataPlane.add (ready when all loaded)
+                               └► `backend: llm` entries ─► headroom.llm service ─► OpenAI routes
+
+HTTP and gRPC come up first (liveness answers while models load; readiness is 503 until every model is
+loaded and warmed). SIGTERM/SIGINT: report not-ready at once, let in-flight requests finish (bounded by
+`drain_timeout_s`), then stop the transports and the batchers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+from starlette.routing import BaseRoute
+
+from headroom.core.clock import MonotonicClock
+from headroom.models.repository import ModelRepository
+from headroom.server.dataplane import DataPlane, ServedVersion
+from headroom.server.http_app import HttpApi, HttpLimits, build_http_app
+from headroom.server.metrics import ServerMetrics
+
+log = logging.getLogger("headroom.server")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Everything `headroom serve` is told."""
+
+    model_repository: Path = Path("models")  # directory of <model>/config.yaml + versions
+    host: str = "127.0.0.1"  # bind address for HTTP and gRPC
+    http_port: int = 8000  # HTTP port (0 = pick a free one)
+    grpc_port: int = 8001  # gRPC port (0 = pick a free one; -1 = no gRPC)
+    models: tuple[str, ...] | None = None  # serve only these model directories (None = all)
+    limits: HttpLimits = field(default_factory=HttpLimits)  # HTTP input limits
+    drain_timeout_s: float = 30.0  # how long SIGTERM waits for in-flight requests
+    log_level: str = "info"  # logging level for headroom's loggers
+
+
+class _UvicornServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the Server below owns SIGTERM/SIGINT (drain first)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class Server:
+    """One headroom process: transports, data plane, models. `await run()` until stopped."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.registry = CollectorRegistry()
+        self.metrics = ServerMetrics(self.registry)
+        self.clock = MonotonicClock()
+        self.dataplane = DataPlane(self.metrics, self.clock)
+        self._llm_services: list[Any] = []
+        self._stop = asyncio.Event()
+        self._http: _UvicornServer | None = None
+        self._grpc: Any = None
+        self._load_task: asyncio.Task[None] | None = None
+        self.http_port: int = config.http_port
+        self.grpc_port: int = config.grpc_port
+        self.load_error: BaseException | None = None
+
+    # -- wiring ------------------------------------------------------------------------------------------
+    def _llm_routes(self, index_llm: tuple[Any, ...]) -> tuple[list[BaseRoute], list[object]]:
+        if not index_llm:
+            return [], []
+        from headroom.llm.factory import build_llm_service
+        from headroom.llm.http import openai_routes
+
+        routes: list[BaseRoute] = []
+        cards: list[object] = []
+        for entry in index_llm:
+            service = build_llm_service(entry.config, self.registry)
+            self._llm_services.append(service)
+            self.dataplane.add_readiness_check(service)
+            routes.extend(openai_routes(service.serving))
+            cards.extend(service.serving.model_cards())
+        return routes, cards
+
+    async def run(self, on_ready: Callable[[Server], None] | None = None) -> None:
+        """Start everything, serve until SIGTERM/SIGINT or `stop()`, then drain and shut down."""
+        repo = ModelRepository(self.config.model_repository)
+        index = repo.scan(self.config.models)
+        self.dataplane.expect([e.name for e in index.models])
+        llm_routes, cards = self._llm_routes(index.llm_models)
+        api = HttpApi(self.dataplane, self.registry, self.config.limits, cards)
+        app = build_http_app(api, llm_routes)
+        uv_config = uvicorn.Config(app, host=self.config.host, port=self.config.http_port, log_level="warning",
+                                   lifespan="off", access_log=False, timeout_graceful_shutdown=5)
+        self._http = _UvicornServer(uv_config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.stop)
+        http_task = asyncio.create_task(self._http.serve(), name="http-server")
+        while not self._http.started:
+            if http_task.done():
+                await http_task  # surfaces bind errors
+                raise RuntimeError(f"HTTP server failed to start on {self.config.host}:{self.config.http_port}")
+            await asyncio.sleep(0.01)
+        self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
+        if self.config.grpc_port >= 0:
+            from headroom.protocol.grpc_service import bind_grpc_server
+
+            self._grpc, self.grpc_port = await bind_grpc_server(self.dataplane, self.config.host,
+                                                                self.config.grpc_port)
+        self._load_task = asyncio.create_task(self._load(repo, index, on_ready), name="model-loader")
+        try:
+            await self._stop.wait()
+        finally:
+            await self._shutdown(http_task)
+
+    async def _load(self, repo: ModelRepository, index: Any, on_ready: Callable[[Server], None] | None) -> None:
+        try:
+            for service in self._llm_services:
+                await service.start()
+            for loaded in await repo.load_async(index):
+                self.dataplane.add(ServedVersion(name=loaded.name, version=loaded.version, config=loaded.config,
+                                                 model=loaded.model, cold_start=loaded.cold_start))
+        except Exception as exc:  # a model that cannot load: keep serving health, report it, never ready
+            self.load_error = exc
+            log.error("model loading failed: %s", exc)
+            return
+        log.info("ready: models %s", ", ".join(self.dataplane.model_names()))
+        if on_ready is not None:
+            on_ready(self)
+
+    def stop(self) -> None:
+        """Begin a graceful shutdown (safe to call from a signal handler)."""
+        self.dataplane.start_draining()
+        self._stop.set()
+
+    async def _shutdown(self, http_task: asyncio.Task[None]) -> None:
+        deadline = self.clock.now_s() + self.config.drain_timeout_s
+        while self.dataplane.inflight > 0 and self.clock.now_s() < deadline:
+            await asyncio.sleep(0.02)
+        if self._load_task is not None:
+            self._load_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._load_task
+        if self._grpc is not None:
+            from headroom.protocol.grpc_service import stop_grpc_server
+
+            await stop_grpc_server(self._grpc, 1.0)
+        if self._http is not None:
+            self._http.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError):
+                await http_task
+        for service in self._llm_services:
+            await service.stop()
+        await self.dataplane.stop()
+        log.info("stopped")

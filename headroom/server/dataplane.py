@@ -1,0 +1,287 @@
+"""The transport-free data plane: every HTTP and gRPC inference call ends here.
+
+`DataPlane.infer` owns the request lifecycle: resolve the model version → validate against its config →
+derive deadline and priority → submit to the version's batcher (racing the client's disconnect) → build the
+response with per-stage timings → count the outcome. Exactly one result or one HeadroomError per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from headroom import __version__
+from headroom.batching.batcher import Batcher, BatcherConfig
+from headroom.batching.policy import BatchPolicyConfig
+from headroom.batching.queue import BatchResult
+from headroom.core.clock import Clock
+from headroom.core.dataplane import DisconnectWatcher, ModelMetadata, ServerMetadata, TensorMetadata
+from headroom.core.errors import Cancelled, HeadroomError, InvalidRequest, ModelNotFound, NotReady
+from headroom.core.types import InferenceRequest, InferenceResponse, StageTimings, Tensor, v2_datatype
+from headroom.models.base import ColdStartStage, Model
+from headroom.models.config import ModelConfig
+from headroom.protocol.validation import validate_against
+from headroom.server.metrics import ModelObserver, ServerMetrics
+
+log = logging.getLogger("headroom.access")
+
+EXTENSIONS = ("binary_tensor_data", "classification", "model_repository", "statistics")
+
+
+@dataclass(frozen=True, slots=True)
+class ServedVersion:
+    """A loaded, warmed-up model version handed to the data plane by the composition root."""
+
+    name: str  # model name
+    version: str  # version directory name ("1", "2", ...)
+    config: ModelConfig  # its validated configuration
+    model: Model  # the loaded backend object
+    cold_start: tuple[ColdStartStage, ...] = ()  # timed load stages
+
+
+def policy_config(config: ModelConfig) -> BatchPolicyConfig:
+    """Translate a model's config (milliseconds, YAML names) into the pure policy's config (seconds)."""
+    b = config.batching
+    return BatchPolicyConfig(
+        mode=b.mode,
+        max_batch_size=max(1, config.max_batch_size),
+        max_queue_delay_s=b.max_queue_delay_ms / 1e3,
+        preferred_batch_sizes=b.preferred_batch_sizes,
+        static_timeout_s=b.static_timeout_ms / 1e3,
+        slo_s=b.slo_p99_ms / 1e3,
+        target_batch_size=max(1, config.max_batch_size // 2),
+        sync_deadline_s=b.sync_deadline_ms / 1e3,
+        expected_streams=b.expected_streams,
+    )
+
+
+class _Slot:
+    """One served version plus its batcher."""
+
+    def __init__(self, served: ServedVersion, batcher: Batcher) -> None:
+        self.served = served
+        self.batcher = batcher
+
+
+class DataPlane:
+    """Implements headroom.core.dataplane.InferenceDataPlane for tensor models."""
+
+    def __init__(self, metrics: ServerMetrics, clock: Clock, extra_ready: Sequence[object] = ()) -> None:
+        self._metrics = metrics
+        self._clock = clock
+        self._slots: dict[str, dict[str, _Slot]] = {}
+        self._expected: set[str] = set()
+        self._draining = False
+        self._extra_ready = list(extra_ready)
+        self._inflight = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    def expect(self, names: Sequence[str]) -> None:
+        """Models that must be loaded before the server reports ready."""
+        self._expected.update(names)
+
+    def add(self, served: ServedVersion) -> None:
+        """Start serving a loaded version (call inside the running loop)."""
+        cfg = served.config
+        batcher = Batcher(
+            served.model,
+            BatcherConfig(policy=policy_config(cfg), max_queue_size=cfg.batching.max_queue_size,
+                          instances=cfg.instances, batching=cfg.max_batch_size > 0),
+            self._clock,
+            ModelObserver(self._metrics, served.name, cfg.instances),
+            name=served.name,
+        )
+        batcher.start()
+        self._slots.setdefault(served.name, {})[served.version] = _Slot(served, batcher)
+        for stage in served.cold_start:
+            self._metrics.cold_start.labels(served.name, served.version, stage.name).set(stage.duration_s)
+
+    def add_readiness_check(self, check: object) -> None:
+        """Another component (e.g. the LLM engine) whose `ready()` gates server readiness."""
+        self._extra_ready.append(check)
+
+    @property
+    def inflight(self) -> int:
+        """Inference requests currently inside the data plane."""
+        return self._inflight
+
+    def start_draining(self) -> None:
+        self._draining = True
+
+    async def stop(self) -> None:
+        for versions in self._slots.values():
+            for slot in versions.values():
+                await slot.batcher.stop()
+
+    # -- health and metadata -------------------------------------------------------------------------------
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        if self._draining or not self._expected <= set(self._slots):
+            return False
+        return all(bool(getattr(c, "ready")()) for c in self._extra_ready)  # noqa: B009
+
+    def model_names(self) -> list[str]:
+        return sorted(self._slots)
+
+    def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata(name="headroom", version=__version__, extensions=EXTENSIONS)
+
+    def _slot(self, name: str, version: str = "") -> _Slot:
+        versions = self._slots.get(name)
+        if not versions:
+            known = ", ".join(sorted(self._slots)) or "none"
+            raise ModelNotFound(f"unknown model '{name}' (served models: {known})")
+        if not version:
+            return versions[max(versions, key=_version_key)]
+        if version not in versions:
+            loaded = ", ".join(sorted(versions))
+            raise ModelNotFound(f"model '{name}' has no version '{version}' (loaded: {loaded})")
+        return versions[version]
+
+    def served(self, name: str, version: str = "") -> ServedVersion:
+        return self._slot(name, version).served
+
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+        slot = self._slot(name, version)
+        cfg = slot.served.config
+        lead = (-1,) if cfg.max_batch_size > 0 else ()
+        return ModelMetadata(
+            name=name,
+            versions=tuple(sorted(self._slots[name], key=_version_key)) if not version else (version,),
+            platform=cfg.platform,
+            inputs=tuple(TensorMetadata(t.name, t.datatype, lead + t.shape) for t in cfg.inputs),
+            outputs=tuple(TensorMetadata(t.name, t.datatype, lead + t.shape) for t in cfg.outputs),
+        )
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        self._slot(name, version)
+        return not self._draining
+
+    def queue_depth(self, name: str) -> int:
+        return sum(s.batcher.admitted for s in self._slots.get(name, {}).values())
+
+    # -- inference ---------------------------------------------------------------------------------------
+    async def infer(self, request: InferenceRequest,
+                    disconnected: DisconnectWatcher | None = None) -> InferenceResponse:
+        start_s = self._clock.now_s()
+        self._metrics.inflight.inc()
+        self._inflight += 1
+        name, version = request.model_name, request.model_version or "?"
+        try:
+            slot = self._slot(request.model_name, request.model_version)
+            version = slot.served.version
+            if self._draining:
+                raise NotReady("the server is draining; send new requests elsewhere", retry_after_s=1.0)
+            response = await self._infer(slot, request, start_s, disconnected)
+        except HeadroomError as exc:
+            self._metrics.observe_request(name, version, _outcome(exc), None)
+            self._log(request, version, exc.http_status, start_s, exc.reason)
+            raise
+        finally:
+            self._metrics.inflight.dec()
+            self._inflight -= 1
+        self._metrics.observe_request(name, version, "success", response.timings)
+        self._log(request, version, 200, start_s, "ok")
+        return response
+
+    async def _infer(self, slot: _Slot, request: InferenceRequest, start_s: float,
+                     disconnected: DisconnectWatcher | None) -> InferenceResponse:
+        cfg = slot.served.config
+        inputs = validate_inputs(request, cfg)
+        timeout_ms = cfg.batching.default_timeout_ms
+        if request.timeout_ms is not None:
+            if request.timeout_ms <= 0:
+                raise InvalidRequest(f"timeout must be > 0 ms, got {request.timeout_ms}")
+            timeout_ms = min(timeout_ms, request.timeout_ms)  # may shorten, never lengthen
+        levels = cfg.batching.priority_levels
+        priority = request.priority or levels
+        if not 1 <= priority <= levels:
+            raise InvalidRequest(f"priority must be between 1 (highest) and {levels} for model '{cfg.name}'")
+        params = request.parameters
+        submit = slot.batcher.submit(
+            inputs, params, deadline_s=start_s + timeout_ms / 1e3, priority=priority,
+            group=str(params.get("frame_id", "")), stream=str(params.get("stream_id", "")),
+        )
+        result = await _race_disconnect(submit, disconnected, cfg.name)
+        return self._response(slot, request, result, start_s)
+
+    def _response(self, slot: _Slot, request: InferenceRequest, result: BatchResult,
+                  start_s: float) -> InferenceResponse:
+        cfg = slot.served.config
+        wanted = [o.name for o in request.outputs] or [o.name for o in cfg.outputs]
+        outputs = []
+        for out_name in wanted:
+            if out_name not in result.outputs:
+                raise InvalidRequest(f"model '{cfg.name}' has no output '{out_name}'")
+            arr = np.asarray(result.outputs[out_name])
+            outputs.append(Tensor(name=out_name, datatype=v2_datatype(arr), shape=tuple(arr.shape), data=arr))
+        total_ms = (self._clock.now_s() - start_s) * 1e3
+        pre_ms = total_ms - (result.queue_s + result.compute_s + result.postprocess_s) * 1e3
+        timings = StageTimings(
+            queue_ms=result.queue_s * 1e3,
+            batch_wait_ms=max(0.0, pre_ms) + result.queue_s * 1e3,
+            preprocess_ms=max(0.0, pre_ms),
+            compute_ms=result.compute_s * 1e3,
+            postprocess_ms=result.postprocess_s * 1e3,
+            total_ms=total_ms,
+        )
+        params: dict[str, object] = {}
+        if result.missing_streams:
+            params["missing_streams"] = list(result.missing_streams)
+        return InferenceResponse(
+            request_id=request.request_id, model_name=cfg.name, model_version=slot.served.version,
+            outputs=tuple(outputs), requested=request.outputs, parameters=params, timings=timings,
+            batch_size=result.batch_size,
+        )
+
+    def _log(self, request: InferenceRequest, version: str, status: int, start_s: float, reason: str) -> None:
+        if log.isEnabledFor(logging.INFO):
+            log.info("request", extra={"fields": {
+                "request_id": request.request_id, "model": request.model_name, "version": version,
+                "status": status, "reason": reason,
+                "duration_ms": round((self._clock.now_s() - start_s) * 1e3, 3),
+            }})
+
+
+def _version_key(version: str) -> tuple[int, str]:
+    return (int(version), version) if version.isdigit() else (-1, version)
+
+
+def _outcome(exc: HeadroomError) -> str:
+    return {504: "timeout", 503: "rejected", 429: "rejected", 499: "cancelled"}.get(
+        exc.http_status, "error" if exc.http_status >= 500 else "invalid")
+
+
+def validate_inputs(request: InferenceRequest, cfg: ModelConfig) -> Mapping[str, np.ndarray]:
+    """Check names, datatypes and shapes against the config (headroom.protocol.validation); name → array."""
+    validate_against(request, cfg)
+    return {t.name: t.data for t in request.inputs}
+
+
+async def _race_disconnect(submit: Coroutine[Any, Any, BatchResult], disconnected: DisconnectWatcher | None,
+                           name: str) -> BatchResult:
+    """Await the batcher; if the client goes away first, cancel (drop from the queue) and raise Cancelled."""
+    task: asyncio.Task[BatchResult] = asyncio.ensure_future(submit)
+    if disconnected is None:
+        return await task
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, HeadroomError):
+            await task
+        raise Cancelled(f"client disconnected; request to '{name}' dropped")
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()

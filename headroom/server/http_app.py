@@ -1,0 +1,244 @@
+"""The HTTP transport: KServe V2 REST, OpenAI embeddings/models, /metrics, /openapi.json.
+
+Handlers only translate: bytes ↔ `headroom.core.types` via `headroom.protocol.v2_http`, then one call into
+the data plane. Status codes come from the error tree (headroom.core.errors), never from handlers.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from headroom.core.dataplane import ModelMetadata
+from headroom.core.errors import HeadroomError, InvalidRequest, PayloadTooLarge
+from headroom.core.types import InferenceRequest, Tensor
+from headroom.protocol.v2_http import decode_infer_request, encode_infer_response
+from headroom.server.dataplane import DataPlane
+from headroom.server.http_errors import error_response, headroom_error_handler, http_exception_handler
+from headroom.server.openapi import openapi_document
+from headroom.server.timing import server_timing_header
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """Input limits enforced at the HTTP edge."""
+
+    max_body_bytes: int = 64 * 1024 * 1024  # larger bodies get 413
+
+
+def _json(payload: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
+                    media_type="application/json", headers=headers)
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """Read the body, refusing (413) anything over `max_bytes` before buffering it all."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise InvalidRequest("Content-Length must be a non-negative integer")
+        if int(declared) > max_bytes:
+            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {max_bytes} bytes")
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > max_bytes:
+            raise PayloadTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def disconnect_watcher(request: Request):  # type: ignore[no-untyped-def]
+    """An awaitable factory that resolves when the client disconnects (the body must be consumed)."""
+
+    async def wait() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    return wait
+
+
+def metadata_json(meta: ModelMetadata) -> dict[str, object]:
+    return {
+        "name": meta.name, "versions": list(meta.versions), "platform": meta.platform,
+        "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.inputs],
+        "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.outputs],
+    }
+
+
+class HttpApi:
+    """Route handlers bound to one data plane."""
+
+    def __init__(self, dataplane: DataPlane, registry: CollectorRegistry, limits: HttpLimits,
+                 llm_model_cards: Sequence[object] = ()) -> None:
+        self.dp = dataplane
+        self.registry = registry
+        self.limits = limits
+        self.llm_cards = llm_model_cards
+        self._ids = itertools.count(1)
+
+    # --- health & metadata ----------------------------------------------------------------------------
+    async def server_metadata(self, request: Request) -> Response:
+        meta = self.dp.server_metadata()
+        return _json({"name": meta.name, "version": meta.version, "extensions": list(meta.extensions)})
+
+    async def live(self, request: Request) -> Response:
+        return _json({"live": True}) if self.dp.live() else _json({"live": False}, 503)
+
+    async def ready(self, request: Request) -> Response:
+        return _json({"ready": True}) if self.dp.ready() else _json({"ready": False}, 503)
+
+    async def model_metadata(self, request: Request) -> Response:
+        p = request.path_params
+        return _json(metadata_json(self.dp.model_metadata(p["model"], p.get("version", ""))))
+
+    async def model_ready(self, request: Request) -> Response:
+        p = request.path_params
+        ok = self.dp.model_ready(p["model"], p.get("version", ""))
+        return _json({"name": p["model"], "ready": ok}, 200 if ok else 503)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def openapi(self, request: Request) -> Response:
+        return _json(openapi_document())
+
+    # --- inference ------------------------------------------------------------------------------------
+    def _request_id(self, request: Request) -> str:
+        return request.headers.get("x-request-id") or f"req-{next(self._ids)}"
+
+    def _timeout_ms(self, request: Request) -> float | None:
+        raw = request.headers.get("x-request-timeout-ms")
+        if raw is None:
+            return None
+        try:
+            return float(raw)
+        except ValueError:
+            raise InvalidRequest(f"X-Request-Timeout-Ms must be a number of milliseconds, got {raw!r}") from None
+
+    async def infer(self, request: Request) -> Response:
+        p = request.path_params
+        self.dp.served(p["model"], p.get("version", ""))  # 404 before reading the body
+        body = await read_body(request, self.limits.max_body_bytes)
+        header_len = request.headers.get("inference-header-content-length")
+        try:
+            header_length = int(header_len) if header_len is not None else None
+        except ValueError:
+            raise InvalidRequest("Inference-Header-Content-Length must be an integer") from None
+        decoded = decode_infer_request(body, header_length, p["model"], p.get("version", ""),
+                                       self._request_id(request))
+        timeout_ms = self._timeout_ms(request)
+        if timeout_ms is not None:
+            current = decoded.timeout_ms
+            decoded = _with_timeout(decoded, timeout_ms if current is None else min(current, timeout_ms))
+        response = await self.dp.infer(decoded, disconnect_watcher(request))
+        payload, headers = encode_infer_response(response, binary_default=decoded.binary_output_default)
+        headers["Server-Timing"] = server_timing_header(response.timings)
+        return Response(payload, headers=headers)
+
+    # --- OpenAI-compatible ----------------------------------------------------------------------------
+    async def embeddings(self, request: Request) -> Response:
+        try:
+            body = orjson.loads(await read_body(request, self.limits.max_body_bytes))
+        except orjson.JSONDecodeError as exc:
+            return _openai_error(f"request body is not valid JSON: {exc}", 400)
+        if not isinstance(body, dict):
+            return _openai_error("request body must be a JSON object", 400)
+        texts = body.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            return _openai_error("'input' must be a string or a non-empty list of strings", 400, "input")
+        model = body.get("model") or "minilm"
+        if not isinstance(model, str):
+            return _openai_error("'model' must be a string", 400, "model")
+        encoding = body.get("encoding_format", "float")
+        if encoding not in ("float", "base64"):
+            return _openai_error("'encoding_format' must be 'float' or 'base64'", 400, "encoding_format")
+        data = np.array([t.encode("utf-8") for t in texts], dtype=object)
+        try:
+            meta = self.dp.model_metadata(model)
+            name = meta.inputs[0].name
+            shape = (len(texts), 1) if len(meta.inputs[0].shape) == 2 else (len(texts),)
+            req = InferenceRequest(request_id=self._request_id(request), model_name=model, model_version="",
+                                   inputs=(Tensor(name, "BYTES", shape, data.reshape(shape)),))
+            result = await self.dp.infer(req, disconnect_watcher(request))
+        except HeadroomError as exc:
+            return _openai_error(exc.message, exc.http_status, None, exc.retry_after_s)
+        emb = np.asarray(result.outputs[0].data, dtype=np.float32).reshape(len(texts), -1)
+        tokens = next((int(np.sum(t.data)) for t in result.outputs if t.name == "num_tokens"), 0)
+        items = []
+        for i, vec in enumerate(emb):
+            value: object = vec.tolist() if encoding == "float" else _b64(vec)
+            items.append({"object": "embedding", "index": i, "embedding": value})
+        return _json({"object": "list", "data": items, "model": model,
+                      "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
+                     headers={"Server-Timing": server_timing_header(result.timings)})
+
+    async def models(self, request: Request) -> Response:
+        cards: list[object] = [{"id": n, "object": "model", "created": 0, "owned_by": "headroom"}
+                               for n in self.dp.model_names()]
+        cards.extend(self.llm_cards)
+        return _json({"object": "list", "data": cards})
+
+    def routes(self) -> list[BaseRoute]:
+        r = Route
+        return [
+            r("/v2", self.server_metadata, methods=["GET"]),
+            r("/v2/health/live", self.live, methods=["GET"]),
+            r("/v2/health/ready", self.ready, methods=["GET"]),
+            r("/v2/models/{model}", self.model_metadata, methods=["GET"]),
+            r("/v2/models/{model}/ready", self.model_ready, methods=["GET"]),
+            r("/v2/models/{model}/infer", self.infer, methods=["POST"]),
+            r("/v2/models/{model}/versions/{version}", self.model_metadata, methods=["GET"]),
+            r("/v2/models/{model}/versions/{version}/ready", self.model_ready, methods=["GET"]),
+            r("/v2/models/{model}/versions/{version}/infer", self.infer, methods=["POST"]),
+            r("/v1/embeddings", self.embeddings, methods=["POST"]),
+            r("/v1/models", self.models, methods=["GET"]),
+            r("/metrics", self.metrics, methods=["GET"]),
+            r("/openapi.json", self.openapi, methods=["GET"]),
+        ]
+
+
+def _with_timeout(request: InferenceRequest, timeout_ms: float) -> InferenceRequest:
+    from dataclasses import replace
+
+    return replace(request, timeout_ms=timeout_ms)
+
+
+def _b64(vec: np.ndarray) -> str:
+    import base64
+
+    return base64.b64encode(np.ascontiguousarray(vec, dtype="<f4").tobytes()).decode("ascii")
+
+
+def _openai_error(message: str, status: int, param: str | None = None,
+                  retry_after_s: float | None = None) -> Response:
+    kind = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
+            429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error")
+    headers = {"Retry-After": str(max(1, round(retry_after_s)))} if retry_after_s else None
+    return _json({"error": {"message": message, "type": kind, "param": param, "code": status}}, status, headers)
+
+
+def build_http_app(api: HttpApi, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
+    """The ASGI app: V2 + OpenAI + metrics routes, plus any extra (LLM, dashboard) routes."""
+    return Starlette(
+        routes=[*api.routes(), *extra_routes],
+        exception_handlers={HeadroomError: headroom_error_handler, HTTPException: http_exception_handler},
+    )
+
+
+__all__ = ["HttpApi", "HttpLimits", "build_http_app", "error_response"]

@@ -1,0 +1,101 @@
+"""Prometheus metrics for tensor models, on a registry the composition root owns (never the global one).
+
+Names (label `model`, plus `version` where useful) — modelled on Triton's `nv_inference_*` families, in
+seconds as Prometheus recommends:
+
+    headroom_requests_total{model,version,outcome}     outcome = success|rejected|timeout|cancelled|error
+    headroom_queue_wait_seconds{model}                 histogram: batch-queue wait after preprocessing
+    headroom_batch_wait_seconds{model}                 histogram: admission → batch start
+    headroom_preprocess_seconds{model}                 histogram
+    headroom_compute_seconds{model}                    histogram: the batched predict call
+    headroom_postprocess_seconds{model}                histogram
+    headroom_request_duration_seconds{model}           histogram: end to end inside the server
+    headroom_batch_size{model}                         histogram: summed items per executed batch
+    headroom_batch_requests{model}                     histogram: requests per executed batch
+    headroom_queue_depth{model}                        gauge: admitted, unfinished requests
+    headroom_inflight_requests                         gauge: requests inside the server (all models)
+    headroom_busy_seconds_total{model}                 counter: executor busy time
+    headroom_duty_cycle{model}                         gauge: busy time / (wall time × instances)
+    headroom_batch_window_seconds{model}               gauge: window the last batch used (adaptive mode)
+    headroom_cold_start_seconds{model,version,stage}   gauge: read_weights, build_session, warmup, ...
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from headroom.core.types import StageTimings
+
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class ServerMetrics:
+    """All tensor-model metric families, registered on one injected registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter("headroom_requests", "Requests by outcome.", ["model", "version", "outcome"],
+                                registry=registry)
+
+        def hist(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, ["model"], buckets=LATENCY_BUCKETS_S, registry=registry)
+
+        self.queue_wait = hist("headroom_queue_wait_seconds", "Batch-queue wait after preprocessing.")
+        self.batch_wait = hist("headroom_batch_wait_seconds", "Admission to batch start.")
+        self.preprocess = hist("headroom_preprocess_seconds", "Per-request preprocessing.")
+        self.compute = hist("headroom_compute_seconds", "Batched model execution.")
+        self.postprocess = hist("headroom_postprocess_seconds", "Per-request postprocessing.")
+        self.e2e = hist("headroom_request_duration_seconds", "End-to-end time inside the server.")
+        self.batch_size = Histogram("headroom_batch_size", "Items per executed batch.", ["model"],
+                                    buckets=BATCH_BUCKETS, registry=registry)
+        self.batch_requests = Histogram("headroom_batch_requests", "Requests per executed batch.", ["model"],
+                                        buckets=BATCH_BUCKETS, registry=registry)
+        self.queue_depth = Gauge("headroom_queue_depth", "Admitted, unfinished requests.", ["model"],
+                                 registry=registry)
+        self.inflight = Gauge("headroom_inflight_requests", "Requests inside the server.", registry=registry)
+        self.busy = Counter("headroom_busy_seconds", "Executor busy time.", ["model"], registry=registry)
+        self.duty_cycle = Gauge("headroom_duty_cycle", "Busy time / (wall time x instances).", ["model"],
+                                registry=registry)
+        self.window = Gauge("headroom_batch_window_seconds", "Batching window of the last batch.", ["model"],
+                            registry=registry)
+        self.cold_start = Gauge("headroom_cold_start_seconds", "Model cold-start stage durations.",
+                                ["model", "version", "stage"], registry=registry)
+
+    def observe_request(self, model: str, version: str, outcome: str, timings: StageTimings | None) -> None:
+        self.requests.labels(model, version, outcome).inc()
+        if timings is None:
+            return
+        self.queue_wait.labels(model).observe(timings.queue_ms / 1e3)
+        self.batch_wait.labels(model).observe(timings.batch_wait_ms / 1e3)
+        self.preprocess.labels(model).observe(timings.preprocess_ms / 1e3)
+        self.compute.labels(model).observe(timings.compute_ms / 1e3)
+        self.postprocess.labels(model).observe(timings.postprocess_ms / 1e3)
+        self.e2e.labels(model).observe(timings.total_ms / 1e3)
+
+
+class ModelObserver:
+    """Adapts batcher events for one model to ServerMetrics (implements BatcherObserver)."""
+
+    def __init__(self, metrics: ServerMetrics, model: str, instances: int) -> None:
+        self._m = metrics
+        self._model = model
+        self._instances = max(1, instances)
+        self._started_s = time.monotonic()
+        self._busy_total_s = 0.0
+
+    def on_queue_depth(self, depth: int) -> None:
+        self._m.queue_depth.labels(self._model).set(depth)
+
+    def on_batch(self, batch_size: int, num_requests: int, compute_s: float, window_s: float) -> None:
+        self._m.batch_size.labels(self._model).observe(batch_size)
+        self._m.batch_requests.labels(self._model).observe(num_requests)
+        self._m.window.labels(self._model).set(window_s)
+
+    def on_busy(self, busy_s: float) -> None:
+        self._busy_total_s += busy_s
+        self._m.busy.labels(self._model).inc(busy_s)
+        wall_s = max(time.monotonic() - self._started_s, 1e-9)
+        self._m.duty_cycle.labels(self._model).set(min(1.0, self._busy_total_s / (wall_s * self._instances)))

@@ -1,0 +1,103 @@
+"""The OpenAPI 3.1 document served at /openapi.json (hand-written: the handlers take raw bodies)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from headroom import __version__
+
+_ERROR = {"type": "object", "required": ["error"],
+          "properties": {"error": {"type": "string"}, "reason": {"type": "string"}}}
+_OPENAI_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["integer", "string", "null"]}}}}}
+_TENSOR_META = {"type": "object", "required": ["name", "datatype", "shape"], "properties": {
+    "name": {"type": "string"}, "datatype": {"type": "string"},
+    "shape": {"type": "array", "items": {"type": "integer"}}}}
+_TENSOR = {"type": "object", "required": ["name", "datatype", "shape"], "properties": {
+    "name": {"type": "string"}, "datatype": {"type": "string",
+                                             "enum": ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8",
+                                                      "INT16", "INT32", "INT64", "FP16", "FP32", "FP64",
+                                                      "BYTES"]},
+    "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+    "parameters": {"type": "object"}, "data": {"type": "array"}}}
+_INFER_REQUEST = {"type": "object", "required": ["inputs"], "properties": {
+    "id": {"type": "string"}, "parameters": {"type": "object"},
+    "inputs": {"type": "array", "items": _TENSOR},
+    "outputs": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string"}, "parameters": {"type": "object"}}}}}}
+_INFER_RESPONSE = {"type": "object", "required": ["model_name", "outputs"], "properties": {
+    "model_name": {"type": "string"}, "model_version": {"type": "string"}, "id": {"type": "string"},
+    "parameters": {"type": "object"}, "outputs": {"type": "array", "items": _TENSOR}}}
+
+
+def _errors(*codes: int, openai: bool = False) -> dict[str, Any]:
+    schema = _OPENAI_ERROR if openai else _ERROR
+    return {str(c): {"description": "error", "content": {"application/json": {"schema": schema}}}
+            for c in codes}
+
+
+def _ok(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"200": {"description": description, "content": {"application/json": {"schema": schema}}}}
+
+
+def _model_params(with_version: bool) -> list[dict[str, Any]]:
+    params = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
+    if with_version:
+        params.append({"name": "version", "in": "path", "required": True, "schema": {"type": "string"}})
+    return params
+
+
+def _model_paths(prefix: str, with_version: bool) -> dict[str, Any]:
+    params = _model_params(with_version)
+    meta = {"type": "object", "required": ["name", "versions", "platform", "inputs", "outputs"], "properties": {
+        "name": {"type": "string"}, "versions": {"type": "array", "items": {"type": "string"}},
+        "platform": {"type": "string"}, "inputs": {"type": "array", "items": _TENSOR_META},
+        "outputs": {"type": "array", "items": _TENSOR_META}}}
+    ready = {"type": "object", "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}}}
+    return {
+        prefix: {"get": {"summary": "Model metadata", "parameters": params,
+                         "responses": {**_ok(meta), **_errors(404)}}},
+        f"{prefix}/ready": {"get": {"summary": "Model readiness", "parameters": params,
+                                    "responses": {**_ok(ready), **_errors(404, 503)}}},
+        f"{prefix}/infer": {"post": {
+            "summary": "Inference (JSON tensors, or the binary tensor data extension)",
+            "parameters": [*params,
+                           {"name": "Inference-Header-Content-Length", "in": "header", "required": False,
+                            "schema": {"type": "integer", "minimum": 0}},
+                           {"name": "X-Request-Timeout-Ms", "in": "header", "required": False,
+                            "schema": {"type": "number", "exclusiveMinimum": 0}}],
+            "requestBody": {"required": True, "content": {
+                "application/json": {"schema": _INFER_REQUEST},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+            "responses": {**_ok(_INFER_RESPONSE), **_errors(400, 404, 413, 422, 429, 503, 504)},
+        }},
+    }
+
+
+def openapi_document() -> dict[str, Any]:
+    """The document; built on demand (cheap) so it never drifts from the version string."""
+    flag = {"type": "object"}
+    paths: dict[str, Any] = {
+        "/v2": {"get": {"summary": "Server metadata", "responses": _ok({"type": "object", "properties": {
+            "name": {"type": "string"}, "version": {"type": "string"},
+            "extensions": {"type": "array", "items": {"type": "string"}}}})}},
+        "/v2/health/live": {"get": {"summary": "Liveness", "responses": _ok(flag)}},
+        "/v2/health/ready": {"get": {"summary": "Readiness",
+                                     "responses": {**_ok(flag), "503": {"description": "not ready"}}}},
+        **_model_paths("/v2/models/{model}", False),
+        **_model_paths("/v2/models/{model}/versions/{version}", True),
+        "/v1/models": {"get": {"summary": "OpenAI-compatible model list", "responses": _ok(flag)}},
+        "/v1/embeddings": {"post": {
+            "summary": "OpenAI-compatible embeddings",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["input"], "properties": {
+                    "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+                    "model": {"type": "string"}, "encoding_format": {"enum": ["float", "base64"]}}}}}},
+            "responses": {**_ok(flag), **_errors(400, 404, 413, 503, 504, openai=True)}}},
+        "/metrics": {"get": {"summary": "Prometheus metrics",
+                             "responses": {"200": {"description": "text exposition format"}}}},
+    }
+    return {"openapi": "3.1.0", "info": {"title": "headroom", "version": __version__},
+            "paths": paths}

@@ -1,0 +1,176 @@
+"""The asyncio batcher around the policy, with a fake model (no weights) and the real clock."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pytest
+
+from headroom.batching.batcher import Batcher, BatcherConfig
+from headroom.batching.policy import BatchPolicyConfig
+from headroom.core.clock import MonotonicClock
+from headroom.core.errors import DeadlineExceeded, HeadroomError, Overloaded
+from headroom.models.base import Model
+from headroom.models.config import ModelConfig, TensorSpec
+
+
+class Doubler(Model):
+    """Doubles its input; can be held on a gate to build up a queue; records every batch it saw."""
+
+    def __init__(self) -> None:
+        super().__init__(ModelConfig(name="doubler", backend="python",
+                                     inputs=(TensorSpec("x", "FP32", (1,)),),
+                                     outputs=(TensorSpec("y", "FP32", (1,)),), max_batch_size=8))
+        self.gate = threading.Event()
+        self.gate.set()
+        self.batches: list[list[float]] = []
+        self.fail = False
+
+    def predict(self, batch: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        self.gate.wait(timeout=10)
+        self.batches.append([float(v) for v in batch["x"].ravel()])
+        if self.fail:
+            raise RuntimeError("boom")
+        return {"y": batch["x"] * 2}
+
+
+def make(model: Doubler, **policy: object) -> Batcher:
+    cfg = BatchPolicyConfig(**{"max_batch_size": 8, "max_queue_delay_s": 0.05, **policy})  # type: ignore[arg-type]
+    return Batcher(model, BatcherConfig(policy=cfg, max_queue_size=64), MonotonicClock(), name="doubler")
+
+
+async def submit(b: Batcher, value: float, timeout_s: float = 5.0, priority: int = 1) -> np.ndarray:
+    res = await b.submit({"x": np.array([[value]], dtype=np.float32)}, {},
+                         deadline_s=MonotonicClock().now_s() + timeout_s, priority=priority)
+    return np.asarray(res.outputs["y"])
+
+
+async def test_concurrent_requests_form_one_batch_and_get_their_own_results() -> None:
+    model = Doubler()
+    b = make(model)
+    b.start()
+    try:
+        outs = await asyncio.gather(*(submit(b, float(i)) for i in range(6)))
+    finally:
+        await b.stop()
+    assert [float(o[0, 0]) for o in outs] == [0, 2, 4, 6, 8, 10]
+    assert len(model.batches) == 1 and sorted(model.batches[0]) == [0, 1, 2, 3, 4, 5]
+
+
+async def test_requests_queue_behind_a_busy_instance_and_batch_up() -> None:
+    model = Doubler()
+    model.gate.clear()
+    b = make(model, max_queue_delay_s=0.0)
+    b.start()
+    try:
+        first = asyncio.create_task(submit(b, 1.0))
+        await asyncio.sleep(0.05)  # the first batch is now executing and blocked on the gate
+        rest = [asyncio.create_task(submit(b, float(i))) for i in range(2, 6)]
+        await asyncio.sleep(0.05)
+        model.gate.set()
+        await asyncio.gather(first, *rest)
+    finally:
+        await b.stop()
+    assert model.batches[0] == [1.0]
+    assert sorted(model.batches[1]) == [2.0, 3.0, 4.0, 5.0]
+
+
+async def test_full_queue_rejects_immediately_with_retry_after() -> None:
+    model = Doubler()
+    model.gate.clear()
+    cfg = BatchPolicyConfig(max_batch_size=1, max_queue_delay_s=0.0)
+    b = Batcher(model, BatcherConfig(policy=cfg, max_queue_size=2), MonotonicClock(), name="doubler")
+    b.start()
+    try:
+        held = [asyncio.create_task(submit(b, 1.0)), asyncio.create_task(submit(b, 2.0))]
+        await asyncio.sleep(0.05)
+        with pytest.raises(Overloaded) as info:
+            await submit(b, 3.0)
+        assert info.value.retry_after_s and info.value.http_status == 503
+        model.gate.set()
+        await asyncio.gather(*held)
+    finally:
+        await b.stop()
+
+
+async def test_deadline_passing_in_the_queue_gives_504_and_the_model_never_sees_it() -> None:
+    model = Doubler()
+    model.gate.clear()
+    cfg = BatchPolicyConfig(max_batch_size=1, max_queue_delay_s=0.0)
+    b = Batcher(model, BatcherConfig(policy=cfg), MonotonicClock(), name="doubler")
+    b.start()
+    try:
+        blocker = asyncio.create_task(submit(b, 1.0))
+        await asyncio.sleep(0.05)
+        with pytest.raises(DeadlineExceeded):
+            await submit(b, 99.0, timeout_s=0.05)
+        model.gate.set()
+        await blocker
+    finally:
+        await b.stop()
+    assert all(99.0 not in batch for batch in model.batches)
+
+
+async def test_cancelled_request_is_dropped_from_the_queue() -> None:
+    model = Doubler()
+    model.gate.clear()
+    cfg = BatchPolicyConfig(max_batch_size=1, max_queue_delay_s=0.0)
+    b = Batcher(model, BatcherConfig(policy=cfg), MonotonicClock(), name="doubler")
+    b.start()
+    try:
+        blocker = asyncio.create_task(submit(b, 1.0))
+        await asyncio.sleep(0.05)
+        gone = asyncio.create_task(submit(b, 42.0))
+        await asyncio.sleep(0.05)
+        assert b.queue_depth == 1
+        gone.cancel()
+        await asyncio.sleep(0.01)
+        assert b.queue_depth == 0
+        model.gate.set()
+        await blocker
+    finally:
+        await b.stop()
+    assert all(42.0 not in batch for batch in model.batches)
+    assert b.admitted == 0
+
+
+async def test_model_failure_becomes_an_error_for_each_request_and_the_batcher_survives() -> None:
+    model = Doubler()
+    model.fail = True
+    b = make(model)
+    b.start()
+    try:
+        results = await asyncio.gather(submit(b, 1.0), submit(b, 2.0), return_exceptions=True)
+        assert all(isinstance(r, HeadroomError) and r.http_status == 500 for r in results)
+        model.fail = False
+        assert float((await submit(b, 3.0))[0, 0]) == 6.0
+    finally:
+        await b.stop()
+
+
+def _sizes(batches: Sequence[list[float]]) -> list[int]:
+    return [len(x) for x in batches]
+
+
+async def test_priority_one_jumps_the_queue() -> None:
+    model = Doubler()
+    model.gate.clear()
+    cfg = BatchPolicyConfig(max_batch_size=1, max_queue_delay_s=0.0)
+    b = Batcher(model, BatcherConfig(policy=cfg), MonotonicClock(), name="doubler")
+    b.start()
+    try:
+        tasks = [asyncio.create_task(submit(b, 1.0, priority=2))]
+        await asyncio.sleep(0.05)
+        tasks += [asyncio.create_task(submit(b, 2.0, priority=2))]
+        await asyncio.sleep(0.02)
+        tasks += [asyncio.create_task(submit(b, 3.0, priority=1))]
+        await asyncio.sleep(0.02)
+        model.gate.set()
+        await asyncio.gather(*tasks)
+    finally:
+        await b.stop()
+    assert model.batches == [[1.0], [3.0], [2.0]]
+    assert _sizes(model.batches) == [1, 1, 1]

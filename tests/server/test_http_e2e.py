@@ -1,0 +1,193 @@
+"""End to end over HTTP: a real `headroom serve` process, real clients (httpx, tritonclient.http)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton_http
+
+from headroom.server.timing import parse_server_timing
+from tests.server.conftest import seen_tags
+from tests.support.server import RunningServer
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus sample family matching the labels."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_health_and_metadata(server: RunningServer) -> None:
+    client = httpx.Client(base_url=server.url)
+    assert client.get("/v2/health/live").json() == {"live": True}
+    assert client.get("/v2/health/ready").status_code == 200
+    meta = client.get("/v2").json()
+    assert meta["name"] == "headroom" and "binary_tensor_data" in meta["extensions"]
+    model = client.get("/v2/models/echo").json()
+    assert model["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}]
+    assert client.get("/v2/models/echo/versions/1/ready").status_code == 200
+    assert client.get("/openapi.json").json()["openapi"].startswith("3.")
+
+
+def test_tritonclient_http_round_trip_json_and_binary(server: RunningServer) -> None:
+    client = triton_http.InferenceServerClient(server.http_target)
+    assert client.is_server_ready() and client.is_model_ready("echo")
+    x = np.array([[1.5, -2.0], [3.0, 4.0]], dtype=np.float32)
+    for binary in (False, True):
+        inp = triton_http.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x, binary_data=binary)
+        out = triton_http.InferRequestedOutput("y", binary_data=binary)
+        result = client.infer("echo", [inp], outputs=[out])
+        np.testing.assert_array_equal(result.as_numpy("y"), x * 2)
+    text = np.array([[b"hello"], [b"w\xc3\xb6rld"]], dtype=object)
+    tin = triton_http.InferInput("text", [2, 1], "BYTES")
+    tin.set_data_from_numpy(text, binary_data=True)
+    res = client.infer("text", [tin])
+    assert [bytes(b) for b in res.as_numpy("upper").reshape(-1)] == [b"HELLO", b"W\xc3\xb6RLD"]  # bytes.upper: ASCII only
+
+
+def test_server_timing_header_has_every_stage(server: RunningServer) -> None:
+    r = httpx.post(f"{server.url}/v2/models/echo/infer",
+                   json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]})
+    assert r.status_code == 200, r.text
+    stages = parse_server_timing(r.headers["server-timing"])
+    assert {"queue", "preprocess", "compute", "postprocess", "total"} <= set(stages)
+    assert stages["total"] >= stages["compute"]
+    assert r.json()["outputs"][0]["data"] == [2.0, 4.0]
+
+
+async def test_concurrent_requests_form_batches_larger_than_one(server: RunningServer) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        before = metric((await client.get("/metrics")).text, "headroom_batch_requests_count", model="echo")
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 1]}],
+                "outputs": [{"name": "batch"}]}
+        responses = await asyncio.gather(*(client.post("/v2/models/echo/infer", json=body) for _ in range(12)))
+        assert all(r.status_code == 200 for r in responses)
+        sizes = [r.json()["outputs"][0]["data"][0] for r in responses]
+        assert max(sizes) > 1  # the model itself saw a batch of several requests
+        text = (await client.get("/metrics")).text
+    batches = metric(text, "headroom_batch_requests_count", model="echo") - before
+    assert 1 <= batches < 12  # fewer executions than requests
+    assert metric(text, "headroom_requests_total", model="echo", outcome="success") >= 12
+
+
+@pytest.mark.parametrize(("path", "body", "status", "needle"), [
+    ("/v2/models/nope/infer", b'{"inputs": []}', 404, "unknown model"),
+    ("/v2/models/echo/versions/9/infer", b'{"inputs": []}', 404, "no version"),
+    ("/v2/models/echo/infer", b"{not json", 400, "JSON"),
+    ("/v2/models/echo/infer", b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3], '
+                              b'"data": [1, 2, 3]}]}', 400, "shape"),
+    ("/v2/models/echo/infer", b'{"inputs": [{"name": "x", "datatype": "INT32", "shape": [1, 2], '
+                              b'"data": [1, 2]}]}', 400, "datatype"),
+    ("/v2/models/echo/infer", b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], '
+                              b'"data": [1]}]}', 400, ""),
+    ("/v2/models/echo/infer", b'{"inputs": [{"name": "zz", "datatype": "FP32", "shape": [1, 2], '
+                              b'"data": [1, 2]}]}', 400, ""),
+])
+def test_bad_requests_get_clear_errors_and_the_server_stays_healthy(
+    server: RunningServer, path: str, body: bytes, status: int, needle: str
+) -> None:
+    r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert needle.lower() in r.json()["error"].lower()
+    assert httpx.get(server.url + "/v2/health/ready").status_code == 200
+    assert server.alive()
+
+
+def test_oversized_body_gets_413(test_repo: Path, tmp_path: Path) -> None:
+    from tests.support.server import run_server
+
+    with run_server(test_repo, tmp_path, ["--max-body-mb", "0.01", "--model", "echo", "--grpc-port", "-1"]) as srv:
+        data = list(range(5000))
+        r = httpx.post(f"{srv.url}/v2/models/echo/infer",
+                       json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [2500, 2], "data": data}]})
+        assert r.status_code == 413 and "limit" in r.json()["error"]
+        assert httpx.get(srv.url + "/v2/health/ready").status_code == 200
+
+
+def _slow_body(delay_ms: float, tag: int) -> dict[str, object]:
+    return {"inputs": [{"name": "delay_ms", "datatype": "FP32", "shape": [1, 1], "data": [delay_ms]},
+                       {"name": "tag", "datatype": "INT64", "shape": [1, 1], "data": [tag]}]}
+
+
+async def test_full_queue_gives_503_with_retry_after_and_is_counted(server: RunningServer) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        tasks = [asyncio.create_task(client.post("/v2/models/slow/infer", json=_slow_body(400, 100 + i)))
+                 for i in range(3)]
+        await asyncio.sleep(0.15)
+        t0 = time.monotonic()
+        r = await client.post("/v2/models/slow/infer", json=_slow_body(0, 199))
+        reject_s = time.monotonic() - t0
+        assert r.status_code == 503 and "Retry-After" in r.headers and "queue is full" in r.json()["error"]
+        assert reject_s < 1.0  # rejected at once, not after queueing
+        assert all(t.status_code == 200 for t in await asyncio.gather(*tasks))
+        text = (await client.get("/metrics")).text
+    assert metric(text, "headroom_requests_total", model="slow", outcome="rejected") >= 1
+
+
+async def test_expired_deadline_gives_504_and_the_model_never_sees_it(server: RunningServer,
+                                                                      test_repo: Path) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        blocker = asyncio.create_task(client.post("/v2/models/slow/infer", json=_slow_body(500, 300)))
+        await asyncio.sleep(0.15)
+        r = await client.post("/v2/models/slow/infer", json=_slow_body(0, 301),
+                               headers={"X-Request-Timeout-Ms": "100"})
+        assert r.status_code == 504, r.text
+        assert (await blocker).status_code == 200
+        # The V2 `timeout` parameter works the same way.
+        body = _slow_body(0, 302)
+        body["parameters"] = {"timeout": 50_000}  # microseconds, Triton's convention
+        blocker = asyncio.create_task(client.post("/v2/models/slow/infer", json=_slow_body(400, 303)))
+        await asyncio.sleep(0.15)
+        r2 = await client.post("/v2/models/slow/infer", json=body)
+        assert r2.status_code == 504, r2.text
+        await blocker
+        text = (await client.get("/metrics")).text
+    assert 301 not in seen_tags(test_repo) and 302 not in seen_tags(test_repo)
+    assert metric(text, "headroom_requests_total", model="slow", outcome="timeout") >= 2
+
+
+def test_disconnected_client_is_dropped_from_the_queue(server: RunningServer, test_repo: Path) -> None:
+    blocker = httpx.AsyncClient(base_url=server.url, timeout=30)
+
+    async def scenario() -> None:
+        first = asyncio.create_task(blocker.post("/v2/models/slow/infer", json=_slow_body(600, 400)))
+        await asyncio.sleep(0.15)
+        body = json.dumps(_slow_body(0, 401)).encode()
+        # A raw socket client that sends its request, then hangs up while the request is queued.
+        sock = socket.create_connection(("127.0.0.1", server.http_port))
+        sock.sendall(b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        await asyncio.sleep(0.1)
+        sock.close()
+        assert (await first).status_code == 200
+        await asyncio.sleep(0.3)
+        await blocker.aclose()
+
+    asyncio.run(scenario())
+    assert 401 not in seen_tags(test_repo)
+    text = httpx.get(server.url + "/metrics").text
+    assert metric(text, "headroom_requests_total", model="slow", outcome="cancelled") >= 1
+    assert metric(text, "headroom_queue_depth", model="slow") == 0
+
+
+def test_metrics_expose_every_stage_histogram(server: RunningServer) -> None:
+    text = httpx.get(server.url + "/metrics").text
+    for family in ("headroom_queue_wait_seconds", "headroom_batch_wait_seconds", "headroom_preprocess_seconds",
+                   "headroom_compute_seconds", "headroom_postprocess_seconds",
+                   "headroom_request_duration_seconds", "headroom_batch_size", "headroom_queue_depth",
+                   "headroom_inflight_requests", "headroom_duty_cycle", "headroom_cold_start_seconds"):
+        assert re.search(rf"^{family}", text, re.M), family
