@@ -55,5 +55,5 @@ def serve(
     try:
         uvloop.run(Server(config).run(on_ready=_banner))
     except ValueError as exc:  # configuration problems: say what to fix, no traceback
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(code=2) from None

@@ -25,13 +25,14 @@ from headroom.core.dataplane import DisconnectWatcher, ModelMetadata, ServerMeta
 from headroom.core.errors import Cancelled, HeadroomError, InvalidRequest, ModelNotFound, NotReady
 from headroom.core.types import InferenceRequest, InferenceResponse, StageTimings, Tensor, v2_datatype
 from headroom.models.base import ColdStartStage, Model
+from headroom.models.classification import ImageClassifier, classification_response
 from headroom.models.config import ModelConfig
 from headroom.protocol.validation import validate_against
 from headroom.server.metrics import ModelObserver, ServerMetrics
 
 log = logging.getLogger("headroom.access")
 
-EXTENSIONS = ("binary_tensor_data", "classification", "model_repository", "statistics")
+EXTENSIONS = ("binary_tensor_data", "classification", "statistics")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +65,13 @@ def policy_config(config: ModelConfig) -> BatchPolicyConfig:
 class _Slot:
     """One served version plus its batcher."""
 
-    def __init__(self, served: ServedVersion, batcher: Batcher) -> None:
+    def __init__(self, served: ServedVersion, batcher: Batcher, observer: ModelObserver) -> None:
         self.served = served
         self.batcher = batcher
+        self.observer = observer
+        self.success = 0  # requests answered with a result
+        self.failure = 0  # requests answered with an error after resolving to this version
+        self.success_total_s = 0.0  # summed end-to-end time of successful requests
 
 
 class DataPlane:
@@ -89,16 +94,17 @@ class DataPlane:
     def add(self, served: ServedVersion) -> None:
         """Start serving a loaded version (call inside the running loop)."""
         cfg = served.config
+        observer = ModelObserver(self._metrics, served.name, cfg.instances)
         batcher = Batcher(
             served.model,
             BatcherConfig(policy=policy_config(cfg), max_queue_size=cfg.batching.max_queue_size,
                           instances=cfg.instances, batching=cfg.max_batch_size > 0),
             self._clock,
-            ModelObserver(self._metrics, served.name, cfg.instances),
+            observer,
             name=served.name,
         )
         batcher.start()
-        self._slots.setdefault(served.name, {})[served.version] = _Slot(served, batcher)
+        self._slots.setdefault(served.name, {})[served.version] = _Slot(served, batcher, observer)
         for stage in served.cold_start:
             self._metrics.cold_start.labels(served.name, served.version, stage.name).set(stage.duration_s)
 
@@ -165,6 +171,25 @@ class DataPlane:
         self._slot(name, version)
         return not self._draining
 
+    def model_stats(self, name: str = "", version: str = "") -> list[dict[str, object]]:
+        """Per-version statistics (the V2 statistics extension, Triton-like field names; times in ns)."""
+        slots = [self._slot(name, version)] if name else [s for v in self._slots.values() for s in v.values()]
+        out: list[dict[str, object]] = []
+        for slot in slots:
+            obs = slot.observer
+            out.append({
+                "name": slot.served.name, "version": slot.served.version,
+                "inference_count": obs.inference_count, "execution_count": obs.execution_count,
+                "inference_stats": {
+                    "success": {"count": slot.success, "ns": int(slot.success_total_s * 1e9)},
+                    "fail": {"count": slot.failure},
+                    "compute_infer": {"count": obs.execution_count, "ns": int(obs.compute_total_s * 1e9)},
+                },
+                "queue_depth": slot.batcher.admitted,
+                "cold_start": [{"stage": s.name, "seconds": s.duration_s} for s in slot.served.cold_start],
+            })
+        return out
+
     def queue_depth(self, name: str) -> int:
         return sum(s.batcher.admitted for s in self._slots.get(name, {}).values())
 
@@ -175,6 +200,7 @@ class DataPlane:
         self._metrics.inflight.inc()
         self._inflight += 1
         name, version = request.model_name, request.model_version or "?"
+        slot: _Slot | None = None
         try:
             slot = self._slot(request.model_name, request.model_version)
             version = slot.served.version
@@ -182,12 +208,16 @@ class DataPlane:
                 raise NotReady("the server is draining; send new requests elsewhere", retry_after_s=1.0)
             response = await self._infer(slot, request, start_s, disconnected)
         except HeadroomError as exc:
+            if slot is not None:
+                slot.failure += 1
             self._metrics.observe_request(name, version, _outcome(exc), None)
             self._log(request, version, exc.http_status, start_s, exc.reason)
             raise
         finally:
             self._metrics.inflight.dec()
             self._inflight -= 1
+        slot.success += 1
+        slot.success_total_s += response.timings.total_ms / 1e3
         self._metrics.observe_request(name, version, "success", response.timings)
         self._log(request, version, 200, start_s, "ok")
         return response
@@ -249,6 +279,24 @@ class DataPlane:
                 "status": status, "reason": reason,
                 "duration_ms": round((self._clock.now_s() - start_s) * 1e3, 3),
             }})
+
+
+    async def classify_image(self, name: str, version: str, image: bytes, top_k: int, min_confidence: float,
+                             disconnected: DisconnectWatcher | None = None) -> tuple[dict[str, object], StageTimings]:
+        """The raw-image route: decode → the model's batched pipeline → top-k labelled predictions."""
+        slot = self._slot(name, version)
+        model = slot.served.model
+        if not isinstance(model, ImageClassifier):
+            raise InvalidRequest(f"model '{name}' does not accept raw images; use /v2/models/{name}/infer")
+        inputs = await asyncio.to_thread(model.image_inputs, image)
+        tensors = tuple(Tensor(k, v2_datatype(v), tuple(v.shape), v) for k, v in inputs.items())
+        request = InferenceRequest(request_id=f"image-{name}", model_name=name, model_version=version,
+                                   inputs=tensors)
+        response = await self.infer(request, disconnected)
+        outputs = {t.name: t.data for t in response.outputs}
+        predictions = model.classify(outputs, top_k, min_confidence)
+        body = classification_response(predictions, name, response.model_version, response.timings.total_ms)
+        return body, response.timings
 
 
 def _version_key(version: str) -> tuple[int, str]:

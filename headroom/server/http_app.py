@@ -110,6 +110,10 @@ class HttpApi:
         ok = self.dp.model_ready(p["model"], p.get("version", ""))
         return _json({"name": p["model"], "ready": ok}, 200 if ok else 503)
 
+    async def stats(self, request: Request) -> Response:
+        p = request.path_params
+        return _json({"model_stats": self.dp.model_stats(p.get("model", ""), p.get("version", ""))})
+
     async def metrics(self, request: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -148,6 +152,22 @@ class HttpApi:
         payload, headers = encode_infer_response(response, binary_default=decoded.binary_output_default)
         headers["Server-Timing"] = server_timing_header(response.timings)
         return Response(payload, headers=headers)
+
+    async def classify_image(self, request: Request) -> Response:
+        """`POST /v2/models/{m}/classify?top_k=3&min_confidence=0.5` with a PNG/JPEG body (listing 1)."""
+        p = request.path_params
+        self.dp.served(p["model"], p.get("version", ""))
+        try:
+            top_k = int(request.query_params.get("top_k", "3"))
+            min_conf = float(request.query_params.get("min_confidence", "0"))
+        except ValueError:
+            raise InvalidRequest("top_k must be an integer and min_confidence a number in 0..1") from None
+        image = await read_body(request, self.limits.max_body_bytes)
+        if not image:
+            raise InvalidRequest("the body must be a PNG or JPEG image")
+        body, timings = await self.dp.classify_image(p["model"], p.get("version", ""), image, top_k, min_conf,
+                                                     disconnect_watcher(request))
+        return _json(body, headers={"Server-Timing": server_timing_header(timings)})
 
     # --- OpenAI-compatible ----------------------------------------------------------------------------
     async def embeddings(self, request: Request) -> Response:
@@ -200,10 +220,15 @@ class HttpApi:
             r("/v2", self.server_metadata, methods=["GET"]),
             r("/v2/health/live", self.live, methods=["GET"]),
             r("/v2/health/ready", self.ready, methods=["GET"]),
+            r("/v2/models/stats", self.stats, methods=["GET"]),
             r("/v2/models/{model}", self.model_metadata, methods=["GET"]),
+            r("/v2/models/{model}/stats", self.stats, methods=["GET"]),
+            r("/v2/models/{model}/versions/{version}/stats", self.stats, methods=["GET"]),
             r("/v2/models/{model}/ready", self.model_ready, methods=["GET"]),
             r("/v2/models/{model}/infer", self.infer, methods=["POST"]),
+            r("/v2/models/{model}/classify", self.classify_image, methods=["POST"]),
             r("/v2/models/{model}/versions/{version}", self.model_metadata, methods=["GET"]),
+            r("/v2/models/{model}/versions/{version}/classify", self.classify_image, methods=["POST"]),
             r("/v2/models/{model}/versions/{version}/ready", self.model_ready, methods=["GET"]),
             r("/v2/models/{model}/versions/{version}/infer", self.infer, methods=["POST"]),
             r("/v1/embeddings", self.embeddings, methods=["POST"]),

@@ -85,11 +85,17 @@ class ModelObserver:
         self._instances = max(1, instances)
         self._started_s = time.monotonic()
         self._busy_total_s = 0.0
+        self.execution_count = 0  # batches executed
+        self.inference_count = 0  # items executed (sum of batch sizes)
+        self.compute_total_s = 0.0  # summed predict time
 
     def on_queue_depth(self, depth: int) -> None:
         self._m.queue_depth.labels(self._model).set(depth)
 
     def on_batch(self, batch_size: int, num_requests: int, compute_s: float, window_s: float) -> None:
+        self.execution_count += 1
+        self.inference_count += batch_size
+        self.compute_total_s += compute_s
         self._m.batch_size.labels(self._model).observe(batch_size)
         self._m.batch_requests.labels(self._model).observe(num_requests)
         self._m.window.labels(self._model).set(window_s)

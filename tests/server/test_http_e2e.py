@@ -191,3 +191,14 @@ def test_metrics_expose_every_stage_histogram(server: RunningServer) -> None:
                    "headroom_request_duration_seconds", "headroom_batch_size", "headroom_queue_depth",
                    "headroom_inflight_requests", "headroom_duty_cycle", "headroom_cold_start_seconds"):
         assert re.search(rf"^{family}", text, re.M), family
+
+
+def test_model_statistics_count_requests_and_cold_start(server: RunningServer) -> None:
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 2], "data": [1, 2, 3, 4, 5, 6]}]}
+    assert httpx.post(f"{server.url}/v2/models/echo/infer", json=body).status_code == 200
+    stats = httpx.get(f"{server.url}/v2/models/echo/stats").json()["model_stats"][0]
+    assert stats["name"] == "echo" and stats["version"] == "1"
+    assert stats["inference_stats"]["success"]["count"] >= 1
+    assert stats["inference_count"] >= 3 and stats["execution_count"] >= 1
+    assert {s["stage"] for s in stats["cold_start"]} >= {"warmup"}
+    assert httpx.get(f"{server.url}/v2/models/nope/stats").status_code == 404
