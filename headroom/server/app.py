@@ -31,6 +31,7 @@ from headroom.models.repository import ModelRepository
 from headroom.server.dataplane import DataPlane, ServedVersion
 from headroom.server.http_app import HttpApi, HttpLimits, build_http_app
 from headroom.server.metrics import ServerMetrics
+from headroom.server.model_manager import ModelManager
 
 log = logging.getLogger("headroom.server")
 
@@ -98,7 +99,7 @@ class Server:
         index = repo.scan(self.config.models)
         self.dataplane.expect([e.name for e in index.models])
         llm_routes, cards = self._llm_routes(index.llm_models)
-        api = HttpApi(self.dataplane, self.registry, self.config.limits, cards)
+        api = HttpApi(self.dataplane, self.registry, self.config.limits, cards, ModelManager(repo, self.dataplane))
         app = build_http_app(api, llm_routes)
         uv_config = uvicorn.Config(app, host=self.config.host, port=self.config.http_port, log_level="warning",
                                    lifespan="off", access_log=False, timeout_graceful_shutdown=5)

@@ -32,7 +32,7 @@ from headroom.server.metrics import ModelObserver, ServerMetrics
 
 log = logging.getLogger("headroom.access")
 
-EXTENSIONS = ("binary_tensor_data", "classification", "statistics")
+EXTENSIONS = ("binary_tensor_data", "classification", "model_repository", "statistics")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +93,9 @@ class DataPlane:
 
     def add(self, served: ServedVersion) -> None:
         """Start serving a loaded version (call inside the running loop)."""
+        self._slots.setdefault(served.name, {})[served.version] = self._make_slot(served)
+
+    def _make_slot(self, served: ServedVersion) -> _Slot:
         cfg = served.config
         observer = ModelObserver(self._metrics, served.name, cfg.instances)
         batcher = Batcher(
@@ -104,9 +107,35 @@ class DataPlane:
             name=served.name,
         )
         batcher.start()
-        self._slots.setdefault(served.name, {})[served.version] = _Slot(served, batcher, observer)
         for stage in served.cold_start:
             self._metrics.cold_start.labels(served.name, served.version, stage.name).set(stage.duration_s)
+        return _Slot(served, batcher, observer)
+
+    async def replace(self, name: str, served: Sequence[ServedVersion],
+                      drain_timeout_s: float = 30.0) -> list[ServedVersion]:
+        """Atomically switch `name` to new versions; drain and stop the old ones; return them for unloading."""
+        old = self._slots.get(name, {})
+        self._slots[name] = {s.version: self._make_slot(s) for s in served}
+        await self._drain(list(old.values()), drain_timeout_s)
+        return [slot.served for slot in old.values()]
+
+    async def _drain(self, slots: list[_Slot], drain_timeout_s: float) -> None:
+        deadline = self._clock.now_s() + drain_timeout_s
+        for slot in slots:
+            while slot.batcher.admitted > 0 and self._clock.now_s() < deadline:
+                await asyncio.sleep(0.01)
+            await slot.batcher.stop()
+
+    async def remove(self, name: str, drain_timeout_s: float = 30.0) -> list[ServedVersion]:
+        """Stop serving every version of `name` (new requests get 404), let admitted ones finish, stop batchers."""
+        versions = self._slots.pop(name, None)
+        if versions is None:
+            raise ModelNotFound(f"model '{name}' is not loaded")
+        await self._drain(list(versions.values()), drain_timeout_s)
+        return [slot.served for slot in versions.values()]
+
+    def loaded_versions(self, name: str) -> list[str]:
+        return sorted(self._slots.get(name, {}), key=_version_key)
 
     def add_readiness_check(self, check: object) -> None:
         """Another component (e.g. the LLM engine) whose `ready()` gates server readiness."""
