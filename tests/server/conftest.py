@@ -75,6 +75,13 @@ def build_test_repository(root: Path) -> Path:
         outputs: [{name: upper, datatype: BYTES, shape: [1]}]
         dynamic_batching: {max_queue_delay_ms: 1}
     """, TEXT)
+    _model(root, "cams", """
+        backend: python
+        max_batch_size: 8
+        inputs: [{name: x, datatype: FP32, shape: [2]}]
+        outputs: [{name: y, datatype: FP32, shape: [2]}, {name: batch, datatype: INT32, shape: [1]}]
+        dynamic_batching: {mode: multistream, sync_deadline_ms: 300, expected_streams: [front, left, right]}
+    """, ECHO)
     return root
 
 

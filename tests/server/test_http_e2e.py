@@ -202,3 +202,24 @@ def test_model_statistics_count_requests_and_cold_start(server: RunningServer) -
     assert stats["inference_count"] >= 3 and stats["execution_count"] >= 1
     assert {s["stage"] for s in stats["cold_start"]} >= {"warmup"}
     assert httpx.get(f"{server.url}/v2/models/nope/stats").status_code == 404
+
+
+async def test_multistream_frames_batch_together_and_name_missing_streams(server: RunningServer) -> None:
+    def body(frame: str, stream: str) -> dict[str, object]:
+        return {"parameters": {"frame_id": frame, "stream_id": stream},
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}],
+                "outputs": [{"name": "batch"}]}
+
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        complete = await asyncio.gather(*(client.post("/v2/models/cams/infer", json=body("f1", s))
+                                          for s in ("front", "left", "right")))
+        assert [r.json()["outputs"][0]["data"][0] for r in complete] == [3, 3, 3]
+        assert all("missing_streams" not in r.json().get("parameters", {}) for r in complete)
+        t0 = time.monotonic()
+        partial = await asyncio.gather(*(client.post("/v2/models/cams/infer", json=body("f2", s))
+                                         for s in ("front", "right")))
+        waited_s = time.monotonic() - t0
+    assert waited_s >= 0.25  # ran at the sync deadline, not before
+    for r in partial:
+        assert r.json()["parameters"]["missing_streams"] == ["left"]
+        assert r.json()["outputs"][0]["data"][0] == 2
