@@ -119,7 +119,7 @@ class Server:
             from headroom.protocol.grpc_service import bind_grpc_server
 
             self._grpc, self.grpc_port = await bind_grpc_server(self.dataplane, self.config.host,
-                                                                self.config.grpc_port)
+                                                                self.config.grpc_port, labels=self.dataplane.labels)
         self._load_task = asyncio.create_task(self._load(repo, index, on_ready), name="model-loader")
         try:
             await self._stop.wait()

@@ -196,6 +196,17 @@ class DataPlane:
             outputs=tuple(TensorMetadata(t.name, t.datatype, lead + t.shape) for t in cfg.outputs),
         )
 
+    def labels(self, name: str, version: str = "") -> dict[str, list[str]] | None:
+        """Class names for the classification extension: `parameters.labels` names the first output's classes."""
+        try:
+            cfg = self._slot(name, version).served.config
+        except ModelNotFound:
+            return None
+        raw = cfg.parameters.get("labels")
+        if isinstance(raw, list | tuple) and cfg.outputs:
+            return {cfg.outputs[0].name: [str(x) for x in raw]}
+        return None
+
     def model_ready(self, name: str, version: str = "") -> bool:
         self._slot(name, version)
         return not self._draining

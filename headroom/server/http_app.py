@@ -168,7 +168,8 @@ class HttpApi:
             current = decoded.timeout_ms
             decoded = _with_timeout(decoded, timeout_ms if current is None else min(current, timeout_ms))
         response = await self.dp.infer(decoded, disconnect_watcher(request))
-        payload, headers = encode_infer_response(response, binary_default=decoded.binary_output_default)
+        payload, headers = encode_infer_response(response, binary_default=decoded.binary_output_default,
+                                                 labels=self.dp.labels(response.model_name, response.model_version))
         headers["Server-Timing"] = server_timing_header(response.timings)
         return Response(payload, headers=headers)
 

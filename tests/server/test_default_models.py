@@ -125,3 +125,16 @@ def test_raw_png_route_classifies_digits_with_labels_and_version(defaults: Runni
     assert bad.status_code == 400 and "image" in bad.json()["error"]
     wrong_model = httpx.post(f"{defaults.url}/v2/models/minilm/classify", content=_png(x_test[0]))
     assert wrong_model.status_code == 400
+
+
+def test_classification_extension_returns_labelled_top_k(defaults: RunningServer) -> None:
+    _, _, x_test, y_test = held_out_split(DigitsTrainingConfig())
+    client = triton_http.InferenceServerClient(defaults.http_target)
+    chunk = x_test[:4].reshape(-1, 1, 8, 8).astype(np.float32)
+    inp = triton_http.InferInput("input", list(chunk.shape), "FP32")
+    inp.set_data_from_numpy(chunk)
+    out = triton_http.InferRequestedOutput("probabilities", class_count=3)
+    top = client.infer("digits", [inp], outputs=[out]).as_numpy("probabilities")
+    assert top.shape == (4, 3)
+    score, index, label = bytes(top[0, 0]).decode().split(":")
+    assert 0.0 <= float(score) <= 1.0 and label == index

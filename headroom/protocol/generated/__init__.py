@@ -1,0 +1,1 @@
+"""Code generated from ../proto by headroom/protocol/gen_grpc.py; do not edit."""

@@ -1,0 +1,248 @@
+"""`inference.GRPCInferenceService` on grpc.aio, a thin shell over an InferenceDataPlane.
+
+Implemented: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer. Every other RPC
+of the service answers UNIMPLEMENTED naming the RPC. Errors map through `HeadroomError.grpc_code`; an
+unexpected exception is logged and answered INTERNAL. When the client cancels (or its deadline passes) the
+data plane's `disconnected` watcher resolves (the data plane runs in its own task, shielded from grpc's
+cancellation of the handler), so a queued request is dropped; `cancel_grace_s` later it is cancelled
+outright. The stage breakdown goes back as trailing metadata `server-timing` (same format as HTTP).
+
+Composition root usage::
+
+    server = await start_grpc_server(dataplane, "127.0.0.1", 8001)
+    ...
+    await stop_grpc_server(server)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import message_factory
+
+from headroom.core.dataplane import InferenceDataPlane
+from headroom.core.errors import HeadroomError
+from headroom.core.types import InferenceRequest, InferenceResponse
+from headroom.protocol.generated import headroom_inference_pb2 as pb
+from headroom.protocol.grpc_codec import decode_model_infer, encode_model_infer
+from headroom.protocol.http_response import Labels, server_timing
+
+SERVICE_NAME = "inference.GRPCInferenceService"
+DEFAULT_STOP_GRACE_S = 5.0
+DEFAULT_CANCEL_GRACE_S = 1.0
+log = logging.getLogger(__name__)
+
+#: (model name, model version) -> classification labels per output name, or None.
+LabelLookup = Callable[[str, str], Labels | None]
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcServerConfig:
+    """Settings of the gRPC front end."""
+
+    max_message_bytes: int = 64 * 1024 * 1024  # largest request or response message (gRPC default is 4 MiB)
+    cancel_grace_s: float = DEFAULT_CANCEL_GRACE_S  # after a client cancels, time infer() gets to wind down
+
+
+def _new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class _Disconnect:
+    """The RPC's `disconnected` watcher: resolves when the client cancels or its deadline passes."""
+
+    def __init__(self, context: Any) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._gone: asyncio.Future[None] = self._loop.create_future()
+        context.add_done_callback(self._on_done)
+
+    def _on_done(self, ctx: Any) -> None:
+        if ctx.cancelled():
+            self._loop.call_soon_threadsafe(self.signal)
+
+    def signal(self) -> None:
+        if not self._gone.done():
+            self._gone.set_result(None)
+
+    async def wait(self) -> None:
+        await asyncio.shield(self._gone)
+
+
+async def _infer_until_disconnect(
+    dataplane: InferenceDataPlane, request: InferenceRequest, context: Any, cancel_grace_s: float
+) -> InferenceResponse:
+    """Run `dataplane.infer` in its own task so a client cancellation arrives as the documented watcher.
+
+    grpc.aio cancels the handler task when the client goes away; instead of injecting CancelledError into
+    the data plane, the watcher resolves and the data plane gets `cancel_grace_s` to drop the request and
+    raise Cancelled; only then is its task cancelled outright. The handler re-raises its own cancellation.
+    """
+    disconnect = _Disconnect(context)
+    task = asyncio.ensure_future(dataplane.infer(request, disconnect.wait))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        disconnect.signal()
+        try:
+            if not task.done():
+                await asyncio.wait({task}, timeout=cancel_grace_s)
+        finally:  # also when this wait is itself cancelled (server stop): the task never outlives the RPC
+            if not task.done():
+                task.cancel()
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # consume the Cancelled error
+        raise
+
+
+class InferenceServicer:
+    """The six required V2 RPCs; each is `async (request message, context) -> response message`."""
+
+    def __init__(
+        self,
+        dataplane: InferenceDataPlane,
+        labels: LabelLookup | None = None,
+        new_request_id: Callable[[], str] = _new_request_id,
+        cancel_grace_s: float = DEFAULT_CANCEL_GRACE_S,
+    ) -> None:
+        self._dataplane = dataplane
+        self._cancel_grace_s = cancel_grace_s
+        self._labels = labels
+        self._new_request_id = new_request_id
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._dataplane.live())
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._dataplane.ready())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self._dataplane.model_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
+        meta = self._dataplane.server_metadata()
+        return pb.ServerMetadataResponse(name=meta.name, version=meta.version, extensions=list(meta.extensions))
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        meta = self._dataplane.model_metadata(request.name, request.version)
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=meta.name,
+            versions=list(meta.versions),
+            platform=meta.platform,
+            inputs=[tensor(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in meta.inputs],
+            outputs=[tensor(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in meta.outputs],
+        )
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        decoded = decode_model_infer(request, self._new_request_id())
+        response = await _infer_until_disconnect(self._dataplane, decoded, context, self._cancel_grace_s)
+        labels = self._labels(response.model_name, response.model_version) if self._labels else None
+        message = encode_model_infer(response, labels)
+        context.set_trailing_metadata((("server-timing", server_timing(response.timings)),))
+        return message
+
+
+Handler = Callable[[Any, Any], Awaitable[Any]]
+
+
+def _guarded(name: str, method: Handler) -> Handler:
+    """Translate exceptions into gRPC statuses (abort raises, so it sits outside the try)."""
+
+    async def handle(request: Any, context: Any) -> Any:
+        try:
+            return await method(request, context)
+        except HeadroomError as exc:
+            code, message = grpc.StatusCode[exc.grpc_code], exc.message
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("gRPC %s failed", name)
+            code, message = (
+                grpc.StatusCode.INTERNAL,
+                f"internal error ({type(exc).__name__}); see the server log",
+            )
+        await context.abort(code, message)
+
+    return handle
+
+
+def _unimplemented(name: str) -> Handler:
+    async def handle(request: Any, context: Any) -> Any:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            f"{SERVICE_NAME}/{name} is not implemented by headroom; supported: ServerLive, ServerReady, "
+            "ModelReady, ServerMetadata, ModelMetadata, ModelInfer",
+        )
+
+    return handle
+
+
+def service_handler(servicer: InferenceServicer) -> Any:
+    """A generic handler for every RPC in the service descriptor (unknown ones answer UNIMPLEMENTED)."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers: dict[str, Any] = {}
+    for method in service.methods:
+        request_cls = message_factory.GetMessageClass(method.input_type)
+        response_cls = message_factory.GetMessageClass(method.output_type)
+        impl = getattr(servicer, method.name, None)
+        func = _guarded(method.name, impl) if impl is not None else _unimplemented(method.name)
+        make = grpc.stream_stream_rpc_method_handler if method.client_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(
+            func,
+            request_deserializer=request_cls.FromString,
+            response_serializer=response_cls.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
+async def bind_grpc_server(
+    dataplane: InferenceDataPlane,
+    host: str,
+    port: int,
+    *,
+    config: GrpcServerConfig | None = None,
+    labels: LabelLookup | None = None,
+) -> tuple[grpc.aio.Server, int]:
+    """Create, bind and start the server; returns it with the bound port (useful with `port=0`)."""
+    cfg = config or GrpcServerConfig()
+    options = [
+        ("grpc.max_receive_message_length", cfg.max_message_bytes),
+        ("grpc.max_send_message_length", cfg.max_message_bytes),
+        ("grpc.so_reuseport", 0),  # a taken port is an error, not a silently shared socket
+    ]
+    server = grpc.aio.server(options=options)
+    server.add_generic_rpc_handlers(
+        (service_handler(InferenceServicer(dataplane, labels, cancel_grace_s=cfg.cancel_grace_s)),)
+    )
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(
+            f"gRPC cannot listen on {address} ({exc}); is the port in use? pick another --grpc-port"
+        ) from None
+    await server.start()
+    return server, bound
+
+
+async def start_grpc_server(
+    dataplane: InferenceDataPlane,
+    host: str,
+    port: int,
+    *,
+    config: GrpcServerConfig | None = None,
+    labels: LabelLookup | None = None,
+) -> grpc.aio.Server:
+    """Serve `inference.GRPCInferenceService` for `dataplane` on host:port; stop with `stop_grpc_server`."""
+    server, _ = await bind_grpc_server(dataplane, host, port, config=config, labels=labels)
+    return server
+
+
+async def stop_grpc_server(server: grpc.aio.Server, grace_s: float = DEFAULT_STOP_GRACE_S) -> None:
+    """Stop accepting RPCs, give in-flight ones `grace_s`, then cancel the rest."""
+    await server.stop(grace_s)

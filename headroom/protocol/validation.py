@@ -1,0 +1,66 @@
+"""Check a decoded request against the model's declared inputs and outputs (transport-independent).
+
+Rules: every declared input is present exactly once and nothing else is; datatypes match exactly; when the
+model batches (`max_batch_size > 0`) each input has one extra leading dimension, the batch, which is the same
+for every input and lies in [1, max_batch_size]; other dimensions match the config, where -1 accepts any size.
+Requested outputs must be declared outputs.
+"""
+
+from __future__ import annotations
+
+from headroom.core.errors import InvalidRequest
+from headroom.core.types import InferenceRequest
+from headroom.models.config import ModelConfig, TensorSpec
+
+
+def _expected_shape(spec: TensorSpec, batching: bool) -> str:
+    dims = ["-1" if d == -1 else str(d) for d in spec.shape]
+    return "[" + ", ".join(["batch", *dims] if batching else dims) + "]"
+
+
+def batch_size_of(request: InferenceRequest, config: ModelConfig) -> int:
+    """How many batch items the request carries (1 for a model that does not batch)."""
+    if config.max_batch_size <= 0 or not request.inputs:
+        return 1
+    return request.inputs[0].shape[0]
+
+
+def validate_against(request: InferenceRequest, config: ModelConfig) -> None:
+    """Raise InvalidRequest unless the request's inputs and outputs fit the model's config."""
+    model = f"model {config.name!r}"
+    declared = ", ".join(
+        f"{s.name} ({s.datatype} {_expected_shape(s, config.max_batch_size > 0)})" for s in config.inputs
+    )
+    given = {t.name for t in request.inputs}
+    for declared_spec in config.inputs:
+        if declared_spec.name not in given:
+            raise InvalidRequest(f"{model}: missing input {declared_spec.name!r}; it expects {declared}")
+    batching = config.max_batch_size > 0
+    batch: int | None = None
+    for tensor in request.inputs:
+        spec = config.input(tensor.name)
+        if spec is None:
+            raise InvalidRequest(f"{model}: unknown input {tensor.name!r}; it expects {declared}")
+        where = f"{model}, input {tensor.name!r}"
+        if tensor.datatype != spec.datatype:
+            raise InvalidRequest(f"{where}: datatype {tensor.datatype} but the model expects {spec.datatype}")
+        expected = _expected_shape(spec, batching)
+        dims = tensor.shape
+        if batching:
+            if len(dims) != len(spec.shape) + 1:
+                raise InvalidRequest(f"{where}: shape {list(dims)} but the model expects {expected}")
+            if not 1 <= dims[0] <= config.max_batch_size:
+                raise InvalidRequest(
+                    f"{where}: batch dimension {dims[0]} must be between 1 and max_batch_size "
+                    f"{config.max_batch_size}; split larger requests"
+                )
+            if batch is not None and dims[0] != batch:
+                raise InvalidRequest(f"{where}: batch dimension {dims[0]} differs from other inputs' {batch}")
+            batch = dims[0]
+            dims = dims[1:]
+        if len(dims) != len(spec.shape) or any(d != s and s != -1 for d, s in zip(dims, spec.shape, strict=True)):
+            raise InvalidRequest(f"{where}: shape {list(tensor.shape)} but the model expects {expected}")
+    for output in request.outputs:
+        if config.output(output.name) is None:
+            names = ", ".join(s.name for s in config.outputs)
+            raise InvalidRequest(f"{model}: unknown output {output.name!r}; it has {names}")
