@@ -2,6 +2,7 @@
 
 Call order and threads:
   load()                          once, in a worker thread; report cold-start stages through `ctx.stage`
+  warmup_inputs(batch_size)       at load, per warmup batch size: one request's wire inputs (synthetic)
   preprocess(inputs, params)      per request, in a worker thread, overlapping the running batch
   collate(items) -> batch         per batch: join preprocessed requests (default: concat on axis 0)
   predict(batch) -> outputs       per batch, in a worker thread; the only call that sees the whole batch
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from headroom.core.types import V2_TO_NUMPY
 from headroom.models.config import ModelConfig
 
 Arrays = Mapping[str, np.ndarray]
@@ -62,6 +64,23 @@ class Model:
 
     def load(self, ctx: LoadContext) -> None:
         """Read weights and build the runtime. Raise to fail the load (the old version keeps serving)."""
+
+    def warmup_inputs(self, batch_size: int) -> Arrays:
+        """Synthetic wire inputs for one request of `batch_size` items, built from the declared input specs.
+
+        Variable dimensions (-1) become 1, numbers are zeros, BYTES are b"warmup". Override when zeros are
+        not a valid input (e.g. a text model that wants real sentences).
+        """
+        lead = (batch_size,) if self.config.max_batch_size > 0 else ()
+        arrays: dict[str, np.ndarray] = {}
+        for spec in self.config.inputs:
+            shape = lead + tuple(1 if d == -1 else d for d in spec.shape)
+            dtype = V2_TO_NUMPY[spec.datatype]
+            if spec.datatype == "BYTES":
+                arrays[spec.name] = np.full(shape, b"warmup", dtype=object)
+            else:
+                arrays[spec.name] = np.zeros(shape, dtype=dtype)
+        return arrays
 
     def preprocess(self, inputs: Arrays, parameters: Mapping[str, object]) -> Arrays:
         """Per-request transform of decoded wire tensors into model inputs."""

