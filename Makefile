@@ -10,7 +10,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
 
-.PHONY: install models serve test check lint typecheck bench clean help
+.PHONY: install models serve test check lint typecheck bench clean help browser
 
 help:
 	@echo "make serve   install what is missing, build the default models, start headroom on $(HOST):$(HTTP_PORT) (gRPC $(GRPC_PORT))"
@@ -33,7 +33,12 @@ models: $(STAMP)
 serve: models
 	$(BIN)/headroom serve --host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --model-repository $(MODELS)
 
-test: models
+browser:
+	@command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null || \
+	  (apt-get update -qq && apt-get install -y -qq chromium-headless-shell) || \
+	  (echo "headless Chromium is needed for the dashboard test: apt-get install chromium-headless-shell"; exit 1)
+
+test: models browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -1,15 +1,142 @@
-"""`headroom sim` (being built; see the issue tracker)."""
+"""`headroom sim`: discrete-event simulation of a deployment, running the server's own batching and
+autoscaling policies on a virtual clock. Reports the bench's metrics; optional JSON and histogram PNG."""
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
 import typer
+from rich.console import Console
+from rich.table import Table
 
-app = typer.Typer(help="headroom sim", no_args_is_help=True)
+from headroom.autoscaler.policy import AutoscalerConfig
+from headroom.batching.policy import BatchPolicyConfig
+from headroom.loadgen.arrivals import ArrivalSpec, make_schedule
+from headroom.sim.config import SimConfig, SimResult
+from headroom.sim.engine import simulate
+from headroom.sim.profile import ServiceProfile, builtin_profiles, resolve_profile
+from headroom.sim.router import ROUTERS
+
+app = typer.Typer(
+    help="Simulate a deployment: arrivals -> router -> N replicas with static / dynamic / adaptive / "
+    "continuous batching (the server's own policy functions) -> latency percentiles, throughput, utilisation, "
+    "queue, rejects. Example: headroom sim --rate 500 --replicas 2 --batching dynamic --max-batch-size 16 "
+    "--service-ms 5 --per-item-ms 0.6 --duration 60 --plot lat.png",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
 
 
-@app.command("version")
-def version() -> None:
-    """Print the headroom version."""
-    from headroom import __version__
+def _profile(path: str | None, service_ms: float, per_item_ms: float, distribution: str,
+             service_cv: float) -> ServiceProfile:
+    if path is not None:
+        return resolve_profile(path)
+    return ServiceProfile.linear(service_ms / 1e3, per_item_ms / 1e3, distribution=distribution, cv=service_cv,
+                                 name=f"{service_ms:g} ms + {per_item_ms:g} ms/item")
 
-    typer.echo(__version__)
+
+def _print(result: SimResult, cfg: SimConfig, profile: ServiceProfile) -> None:
+    table = Table(title=f"headroom sim: {cfg.replicas} replica(s), {cfg.batching} batching, {profile.name}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+
+    def ms(seconds: float) -> str:
+        return "-" if math.isnan(seconds) else f"{seconds * 1e3:,.2f} ms"
+
+    rows = [
+        ("measured QPS", f"{result.throughput_per_s:,.1f} req/s"), ("utilisation", f"{result.utilisation:.1%}"),
+        ("completed", f"{result.completed:,}"), ("rejected (queue full)", f"{result.rejected:,}"),
+        ("expired (timeout)", f"{result.expired:,}"), ("queue at end of arrivals", f"{result.queue_at_end:,}"),
+        ("max queue depth", f"{result.max_queue_depth:,}"), ("mean batch size", f"{result.mean_batch_size:.2f}"),
+        ("P50", ms(result.p50_latency_s)), ("P95", ms(result.p95_latency_s)), ("P99", ms(result.p99_latency_s)),
+        ("mean latency", ms(result.mean_latency_s)), ("mean wait", ms(result.mean_wait_s)),
+        ("mean TTFT", ms(result.mean_ttft_s)),
+        ("replicas at end", str(result.replica_timeline[-1][1] if result.replica_timeline else cfg.replicas)),
+        ("simulated in", f"{result.wall_s:.2f} s ({result.offered / max(result.wall_s, 1e-9) * 60 / 1e6:.2f} "
+                         "M req/min)"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    Console().print(table)
+
+
+@app.callback()
+def sim(
+    ctx: typer.Context,
+    rate: Annotated[float, typer.Option(help="Mean arrival rate (requests/s).")] = 100.0,
+    duration: Annotated[float, typer.Option(help="Seconds of arrivals to simulate.")] = 60.0,
+    arrival: Annotated[str, typer.Option(help="Arrival process: poisson | constant | gamma | ramp.")] = "poisson",
+    arrival_cv: Annotated[float, typer.Option(help="gamma: gap coefficient of variation (>1 bursty).")] = 1.0,
+    end_rate: Annotated[float, typer.Option(help="ramp: rate at the end (starts at --rate).")] = 0.0,
+    replicas: Annotated[int, typer.Option(help="Replicas serving at t = 0.")] = 1,
+    batching: Annotated[str, typer.Option(help="none | static | dynamic | adaptive | continuous.")] = "dynamic",
+    max_batch_size: Annotated[int, typer.Option(help="Cap on a batch.")] = 8,
+    max_queue_delay_ms: Annotated[float, typer.Option(help="dynamic: longest wait of the oldest request.")] = 2.0,
+    static_timeout_ms: Annotated[float, typer.Option(help="static: flush a partial batch after this.")] = 100.0,
+    slo_ms: Annotated[float, typer.Option(help="adaptive: latency budget (eq. 15).")] = 100.0,
+    target_batch_size: Annotated[int, typer.Option(help="adaptive: close at once when this many wait.")] = 16,
+    profile: Annotated[str | None, typer.Option(help="Service-time profile: a JSON/YAML file (docs/sim.md) or a "
+                                                "built-in name: " + ", ".join(builtin_profiles()) + ".")] = None,
+    service_ms: Annotated[float, typer.Option(help="Without --profile: fixed batch time (ms).")] = 5.0,
+    per_item_ms: Annotated[float, typer.Option(help="Without --profile: extra time per item (ms).")] = 0.0,
+    distribution: Annotated[str, typer.Option(help="Without --profile: deterministic | exponential | "
+                                              "lognormal.")] = "deterministic",
+    service_cv: Annotated[float, typer.Option(help="lognormal: coefficient of variation.")] = 0.0,
+    shared_queue: Annotated[bool, typer.Option(help="One queue for all replicas (M/M/c) instead of a "
+                                               "router.")] = False,
+    router: Annotated[str, typer.Option(help=" | ".join(ROUTERS))] = "round_robin",
+    max_queue: Annotated[int, typer.Option(help="Admission control: reject when a queue holds this many "
+                                           "(0 = unbounded).")] = 0,
+    timeout_ms: Annotated[float, typer.Option(help="Shed requests queued longer than this (0 = never).")] = 0.0,
+    autoscale: Annotated[bool, typer.Option(help="Scale on utilisation: up above 75 %, down below 25 %.")] = False,
+    max_replicas: Annotated[int, typer.Option(help="Autoscaling ceiling.")] = 8,
+    cold_start_s: Annotated[float, typer.Option(help="Seconds before a new replica serves.")] = 30.0,
+    autoscale_interval_s: Annotated[float, typer.Option(help="Seconds between autoscaler evaluations.")] = 5.0,
+    warmup_s: Annotated[float, typer.Option(help="Leave requests of the first seconds out of the metrics.")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seeds arrivals and service-time noise.")] = 0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the metrics as JSON to this file "
+                                                  "('-' for stdout).")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write the coloured latency histogram PNG here.")] = None,
+) -> None:
+    """Simulate one deployment and print P50/P95/P99, measured QPS, utilisation, queue, completed, rejected."""
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        prof = _profile(profile, service_ms, per_item_ms, distribution, service_cv)
+        policy = BatchPolicyConfig(mode="dynamic", max_batch_size=max_batch_size,
+                                   max_queue_delay_s=max_queue_delay_ms / 1e3, static_timeout_s=static_timeout_ms / 1e3,
+                                   slo_s=slo_ms / 1e3, target_batch_size=target_batch_size)
+        scaler = AutoscalerConfig(min_replicas=1, max_replicas=max(max_replicas, replicas), warm_pool=0,
+                                  window_s=3 * autoscale_interval_s, scale_up_period_s=autoscale_interval_s,
+                                  scale_down_stabilisation_s=6 * autoscale_interval_s,
+                                  cooldown_s=3 * autoscale_interval_s) if autoscale else None
+        cfg = SimConfig(replicas=replicas, batching=batching, policy=policy, shared_queue=shared_queue,
+                        router=router, max_queue=max_queue, timeout_s=timeout_ms / 1e3 if timeout_ms > 0 else math.inf,
+                        autoscale=scaler, autoscale_interval_s=autoscale_interval_s, cold_start_s=cold_start_s,
+                        warmup_s=warmup_s, seed=seed)
+        spec = ArrivalSpec(kind=arrival, rate_per_s=rate, duration_s=duration, cv=arrival_cv,
+                           end_rate_per_s=end_rate)
+        arrivals = make_schedule(spec, np.random.default_rng(seed))
+        with Console(stderr=True).status(f"simulating {arrivals.size:,} requests ..."):
+            result = simulate(cfg, prof, arrivals)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from exc
+    payload = {"config": {"rate_per_s": rate, "duration_s": duration, "arrival": arrival, "replicas": replicas,
+                          "batching": batching, "max_batch_size": max_batch_size, "profile": prof.name},
+               "metrics": result.summary(),
+               "replica_timeline": [list(p) for p in result.replica_timeline]}
+    if json_out is not None and str(json_out) == "-":
+        typer.echo(json.dumps(payload, indent=2))
+    else:
+        _print(result, cfg, prof)
+        if json_out is not None:
+            json_out.write_text(json.dumps(payload, indent=2))
+    if plot is not None and result.completed:
+        from headroom.sim.plot import latency_histogram_png
+
+        latency_histogram_png(result.latencies_s, plot)

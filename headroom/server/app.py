@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from starlette.routing import BaseRoute
 
 from headroom.core.clock import MonotonicClock
+from headroom.dashboard.routes import dashboard_routes
 from headroom.models.repository import ModelRepository
 from headroom.server.dataplane import DataPlane, ServedVersion
 from headroom.server.http_app import HttpApi, HttpLimits, build_http_app
@@ -100,7 +101,7 @@ class Server:
         self.dataplane.expect([e.name for e in index.models])
         llm_routes, cards = self._llm_routes(index.llm_models)
         api = HttpApi(self.dataplane, self.registry, self.config.limits, cards, ModelManager(repo, self.dataplane))
-        app = build_http_app(api, llm_routes)
+        app = build_http_app(api, [*llm_routes, *dashboard_routes()])
         uv_config = uvicorn.Config(app, host=self.config.host, port=self.config.http_port, log_level="warning",
                                    lifespan="off", access_log=False, timeout_graceful_shutdown=5)
         self._http = _UvicornServer(uv_config)

@@ -223,3 +223,10 @@ async def test_multistream_frames_batch_together_and_name_missing_streams(server
     for r in partial:
         assert r.json()["parameters"]["missing_streams"] == ["left"]
         assert r.json()["outputs"][0]["data"][0] == 2
+
+
+def test_dashboard_is_mounted_and_simulates(server: RunningServer) -> None:
+    page = httpx.get(f"{server.url}/dashboard")
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    presets = httpx.get(f"{server.url}/dashboard/api/presets").json()
+    assert presets["presets"]

@@ -1,0 +1,85 @@
+"""The simulator's inputs and outputs as frozen dataclasses."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from headroom.autoscaler.policy import AutoscalerConfig
+from headroom.batching.policy import BatchPolicyConfig
+from headroom.sim.router import ROUTERS
+
+BATCHING_MODES = ("none", "static", "dynamic", "adaptive", "continuous")
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulated deployment."""
+
+    replicas: int = 1  # replicas serving at t = 0
+    batching: str = "dynamic"  # none | static | dynamic | adaptive | continuous
+    policy: BatchPolicyConfig = field(default_factory=BatchPolicyConfig)  # the server's batching knobs
+    shared_queue: bool = False  # one FIFO for all replicas (M/M/c, Triton instance groups); else a router
+    router: str = "round_robin"  # round_robin | least_outstanding | random | power_of_two
+    max_queue: int = 0  # admission control: reject arrivals when a queue holds this many (0 = unbounded)
+    timeout_s: float = math.inf  # shedding: drop requests still queued this long after arrival (504)
+    autoscale: AutoscalerConfig | None = None  # None: fixed replica count
+    autoscale_interval_s: float = 5.0  # how often metrics are sampled and the autoscaler is asked
+    cold_start_s: float = 30.0  # from "start a replica" to serving (image pull, load, warm-up)
+    warmup_s: float = 0.0  # requests arriving before this are served but left out of the metrics
+    seed: int = 0  # seeds arrivals, service-time noise, routing and LLM output lengths
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if self.batching not in BATCHING_MODES:
+            raise ValueError(f"unknown batching {self.batching!r}; choose one of {', '.join(BATCHING_MODES)}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"unknown router {self.router!r}; choose one of {', '.join(ROUTERS)}")
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0 (0 = unbounded), got {self.max_queue}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.autoscale_interval_s <= 0 or self.cold_start_s < 0 or self.warmup_s < 0:
+            raise ValueError("autoscale_interval_s must be > 0; cold_start_s and warmup_s >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """What a run measured: the bench's metrics plus the simulator's internals."""
+
+    offered: int  # arrivals after warm-up
+    completed: int  # served to the end (after warm-up)
+    rejected: int  # refused at admission (queue full)
+    expired: int  # shed after waiting longer than timeout_s
+    duration_s: float  # first arrival to last completion
+    throughput_per_s: float  # completed / duration (the measured QPS)
+    mean_latency_s: float  # arrival to completion
+    p50_latency_s: float  # median latency
+    p95_latency_s: float  # 95th percentile
+    p99_latency_s: float  # 99th percentile
+    max_latency_s: float  # worst request
+    mean_wait_s: float  # arrival to start of service (queue + batch formation)
+    mean_ttft_s: float  # continuous batching: arrival to end of the first iteration (nan otherwise)
+    utilisation: float  # busy replica-seconds / ready replica-seconds
+    busy_s: float  # busy replica-seconds (total service time of every batch)
+    mean_batch_size: float  # items per batch (running sequences per iteration for continuous)
+    max_queue_depth: int  # deepest total queue seen
+    queue_at_end: int  # requests still waiting when the last arrival came in
+    replica_timeline: tuple[tuple[float, int], ...]  # (time, ready replicas) at each change
+    wall_s: float  # real seconds the simulation took
+    latencies_s: npt.NDArray[np.float64] = field(repr=False)  # every measured latency, arrival order of completion
+
+    def summary(self) -> dict[str, float | int | None]:
+        """The scalar metrics as a JSON-ready dict (seconds and requests per second)."""
+        out: dict[str, float | int | None] = {}
+        for name in ("offered", "completed", "rejected", "expired", "duration_s", "throughput_per_s",
+                     "mean_latency_s", "p50_latency_s", "p95_latency_s", "p99_latency_s", "max_latency_s",
+                     "mean_wait_s", "mean_ttft_s", "utilisation", "busy_s", "mean_batch_size", "max_queue_depth",
+                     "queue_at_end", "wall_s"):
+            v = getattr(self, name)
+            out[name] = v if not (isinstance(v, float) and math.isnan(v)) else None
+        return out

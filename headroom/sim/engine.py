@@ -1,0 +1,417 @@
+"""The discrete-event simulator: arrivals, a router, replica queues, the server's batching policy, service
+times from a profile, admission control, shedding and autoscaling with cold starts, on a FakeClock.
+
+Events live in a heapq ordered by (time, sequence); arrivals are merged in from the sorted schedule without
+entering the heap. Batching decisions call `headroom.batching.policy.decide` — the very function the
+server's batcher calls — with a snapshot of the queue's head (at most `max_batch_size` items are visible,
+which changes nothing: the policy never looks further than one full batch). Autoscaling calls
+`headroom.autoscaler.policy.decide`. Continuous batching (LLM iterations) lives in `headroom.sim.continuous`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from itertools import islice
+from typing import cast
+
+import numpy as np
+import numpy.typing as npt
+
+from headroom.autoscaler.policy import MetricsSample
+from headroom.autoscaler.policy import decide as autoscale_decide
+from headroom.batching.policy import BatchPolicyConfig, QueuedItem, QueueSnapshot
+from headroom.batching.policy import decide as batch_decide
+from headroom.core.clock import FakeClock
+from headroom.router.snapshot import RouterState, peak_ewma_update
+from headroom.sim.config import SimConfig, SimResult
+from headroom.sim.continuous import ContinuousReplica
+from headroom.sim.profile import Jitter, ServiceProfile
+from headroom.sim.router import needs_loads, route
+from headroom.sim.state import ReplicaState as _Replica
+from headroom.sim.state import ScaleState as _ScaleState
+from headroom.sim.state import SimQueue as _Queue
+
+_DONE, _WAKE, _TICK, _READY, _ITER = 0, 1, 2, 3, 4
+_EWMA = 0.05
+
+
+def _policy_for(cfg: SimConfig) -> BatchPolicyConfig:
+    if cfg.batching == "none":
+        return BatchPolicyConfig(mode="dynamic", max_batch_size=1, max_queue_delay_s=0.0)
+    if cfg.batching == "continuous":
+        return cfg.policy
+    mode = cfg.batching
+    p = cfg.policy
+    return BatchPolicyConfig(mode=mode, max_batch_size=p.max_batch_size, max_queue_delay_s=p.max_queue_delay_s,
+                             preferred_batch_sizes=p.preferred_batch_sizes, static_timeout_s=p.static_timeout_s,
+                             slo_s=p.slo_s, fixed_overhead_s=p.fixed_overhead_s,
+                             target_batch_size=p.target_batch_size)
+
+
+class Simulator:
+    """Run one configuration over one arrival schedule: ``Simulator(cfg, profile).run(arrivals_s)`` (once)."""
+
+    def __init__(self, cfg: SimConfig, profile: ServiceProfile) -> None:
+        if cfg.batching == "continuous" and profile.llm is None:
+            raise ValueError("continuous batching needs an `llm:` section in the profile (docs/sim.md)")
+        self.cfg = cfg
+        self.profile = profile
+        self.policy = _policy_for(cfg)
+        self.clock = FakeClock()
+        # A child stream, so a schedule drawn from default_rng(seed) is never correlated with service times.
+        np_rng = np.random.default_rng(np.random.SeedSequence(cfg.seed).spawn(1)[0])
+        self._jitter = Jitter(profile.distribution, profile.cv, np_rng)
+        self._np_rng = np_rng
+        self._rng = random.Random(cfg.seed)
+        cap = max(1, self.policy.max_batch_size)
+        self._mean_s = [profile.mean_service_s(max(1, b)) for b in range(cap + 1)]
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self.queues: list[_Queue] = []
+        self.replicas: list[_Replica] = []
+        self._router_state = RouterState()
+        self._track_ewma = cfg.router == "peak_ewma"
+        self._timeline: list[tuple[float, int]] = []
+        # metrics
+        self._lat: list[float] = []
+        self._wait_sum = 0.0
+        self._ttft: list[float] = []
+        self._batches = 0
+        self._batch_items = 0
+        self._busy_done_s = 0.0
+        self._ready_s = 0.0  # accumulated ready replica-seconds
+        self._ready_count = 0
+        self._ready_mark_s = 0.0
+        self._rejected = 0
+        self._expired = 0
+        self._max_depth = 0
+        self._depth = 0
+        self._cut_s = cfg.warmup_s
+        self._last_done_s = 0.0
+        self._routable: list[_Replica] | None = None  # ready, non-draining replicas (router targets)
+
+    # ---------------------------------------------------------------- events and replicas
+    def _push(self, t: float, kind: int, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, payload))
+
+    def _account_ready(self, now: float, delta: int) -> None:
+        self._ready_s += self._ready_count * (now - self._ready_mark_s)
+        self._ready_mark_s = now
+        self._ready_count += delta
+        self._timeline.append((now, self._ready_count))
+
+    def _add_replica(self, now: float, ready_at: float) -> _Replica:
+        if self.cfg.shared_queue and self.queues:
+            q = self.queues[0]
+        else:
+            q = _Queue()
+            self.queues.append(q)
+        r = _Replica(q, f"r{len(self.replicas):06d}")
+        if self.cfg.batching == "continuous" and self.profile.llm is not None:
+            r.cont = ContinuousReplica(self.profile.llm, self._np_rng)
+        q.replicas.append(r)
+        self.replicas.append(r)
+        if ready_at <= now:
+            self._make_ready(r, now)
+        else:
+            self._push(ready_at, _READY, r)
+        return r
+
+    def _make_ready(self, r: _Replica, now: float) -> None:
+        if r.retired or r.ready:
+            return
+        r.ready = True
+        self._routable = None
+        self._account_ready(now, +1)
+        r.queue.idle.append(r)
+        self._dispatch(r.queue, now)
+
+    def _retire(self, r: _Replica, now: float) -> None:
+        r.retired = True
+        r.ready = False
+        self._routable = None
+        self._account_ready(now, -1)
+        if r in r.queue.idle:
+            r.queue.idle.remove(r)
+
+    def _serving(self) -> list[_Replica]:
+        return [r for r in self.replicas if not r.retired and not r.draining]
+
+    # ---------------------------------------------------------------- batching
+    def _dispatch(self, q: _Queue, now: float) -> None:
+        if self.cfg.batching == "continuous":
+            for r in list(q.idle):
+                q.idle.remove(r)
+                self._start_iterations(r, now)
+            return
+        policy = self.policy
+        cap = policy.max_batch_size
+        items = q.items
+        while q.idle and items:
+            snap = QueueSnapshot(tuple(islice(items, 0, cap)), q.rate_est, q.svc_est)
+            d = batch_decide(snap, now, policy)
+            if d.expire:
+                self._drop(q, d.expire, now)
+                continue
+            if not d.take:
+                if d.wake_at_s is not None:
+                    q.wake_token += 1
+                    self._push(d.wake_at_s, _WAKE, (q, q.wake_token))
+                return
+            take = d.take
+            k = len(take)
+            if k == 1 and take[0] == 0:
+                batch = [items.popleft().enqueued_s]
+            elif max(take) == k - 1:  # distinct indices below k: the head of the queue
+                batch = [items.popleft().enqueued_s for _ in take]
+            else:  # priorities reordered the head: remove the chosen indices
+                chosen = set(take)
+                head = [items.popleft() for _ in range(len(snap.items))]
+                batch = [head[i].enqueued_s for i in take]
+                items.extendleft(reversed([it for i, it in enumerate(head) if i not in chosen]))
+            self._depth -= k
+            r = q.idle.pop()
+            mean = self._mean_s[k] if k < len(self._mean_s) else self.profile.mean_service_s(k)
+            svc = mean * self._jitter.draw()
+            r.batch = batch
+            r.busy_since_s = now
+            self._batches += 1
+            self._batch_items += k
+            q.svc_est = mean if q.svc_est == 0 else q.svc_est + _EWMA * (mean - q.svc_est)
+            cut = self._cut_s
+            for e in batch:
+                if e >= cut:
+                    self._wait_sum += now - e
+            self._seq += 1
+            heapq.heappush(self._heap, (now + svc, self._seq, _DONE, r))
+
+    def _drop(self, q: _Queue, expire: tuple[int, ...], now: float) -> None:
+        dead = set(expire)
+        head = [q.items.popleft() for _ in range(max(expire) + 1)]
+        keep = [it for i, it in enumerate(head) if i not in dead]
+        q.items.extendleft(reversed(keep))
+        self._depth -= len(dead)
+        self._expired += sum(1 for i in dead if head[i].enqueued_s >= self._cut_s)
+
+    def _on_done(self, r: _Replica, now: float) -> None:
+        cut = self._cut_s
+        lat = self._lat
+        for e in r.batch:
+            if e >= cut:
+                lat.append(now - e)
+        if self._track_ewma:
+            for e in r.batch:
+                r.ewma_s = peak_ewma_update(r.ewma_s, now - e, now - r.ewma_t)
+                r.ewma_t = now
+        self._busy_done_s += now - r.busy_since_s
+        self._last_done_s = now
+        r.batch = []
+        r.busy_since_s = -1.0
+        self._after_work(r, now)
+
+    def _after_work(self, r: _Replica, now: float) -> None:
+        q = r.queue
+        if r.draining and (not q.items or self.cfg.shared_queue):
+            self._retire(r, now)
+            if q.items and self.cfg.shared_queue:
+                self._dispatch(q, now)
+            return
+        q.idle.append(r)
+        self._dispatch(q, now)
+
+    # ---------------------------------------------------------------- continuous batching
+    def _start_iterations(self, r: _Replica, now: float) -> None:
+        cont = r.cont
+        if cont is None:
+            return
+        q = r.queue
+        before = len(q.items)
+        _, expired = cont.admit(q.items, now, self._cut_s)
+        self._depth -= before - len(q.items)
+        self._expired += expired
+        if cont.running == 0:
+            q.idle.append(r)
+            return
+        r.busy_since_s = now
+        end_s = cont.plan(now)
+        self._push(end_s, _ITER, (r, cont.token))
+
+    def _on_iterations(self, r: _Replica, token: int, now: float) -> None:
+        cont = r.cont
+        if cont is None or token != cont.token:
+            return
+        self._batches += cont.planned_iterations
+        self._batch_items += cont.planned_iterations * cont.running
+        cont.finish(now, self._lat, self._ttft, self._cut_s)
+        self._busy_done_s += now - r.busy_since_s
+        self._last_done_s = now
+        r.busy_since_s = -1.0
+        if r.draining and cont.running == 0 and (not r.queue.items or self.cfg.shared_queue):
+            self._retire(r, now)
+            return
+        self._start_iterations(r, now)
+
+    def _nudge_continuous(self, q: _Queue, now: float) -> None:
+        """A new arrival: a replica with free slots stops its macro-step at the next iteration boundary."""
+        for r in q.replicas:
+            cont = r.cont
+            if cont is not None and r.ready and r.busy_since_s >= 0 and cont.has_free_slot():
+                end_s = cont.interrupt(now)
+                if end_s is not None:
+                    self._push(end_s, _ITER, (r, cont.token))
+                return
+
+    # ---------------------------------------------------------------- autoscaling
+    def _tick(self, now: float, st: _ScaleState) -> None:
+        cfg = self.cfg.autoscale
+        if cfg is None:
+            return
+        busy_now = self._busy_done_s + sum(now - r.busy_since_s for r in self.replicas if r.busy_since_s >= 0)
+        ready = self._ready_count
+        span = now - st.last_t
+        util = (busy_now - st.last_busy) / (max(1, ready) * span) if span > 0 else 0.0
+        rate = (st.arrivals - st.last_arrivals) / span if span > 0 else 0.0
+        st.window.append(MetricsSample(time_s=now, ready_replicas=ready, utilisation=min(1.0, util),
+                                       requests_per_s=rate, queue_depth=self._depth))
+        del st.window[: max(0, len(st.window) - 512)]
+        decision, st.scaler = autoscale_decide(st.window, st.scaler, now, cfg)
+        st.last_busy, st.last_t, st.last_arrivals = busy_now, now, st.arrivals
+        serving = self._serving()
+        want = decision.replicas
+        if want > len(serving):
+            for _ in range(want - len(serving)):
+                self._add_replica(now, now + self.cfg.cold_start_s)
+        elif want < len(serving):
+            victims = sorted(serving, key=lambda r: (r.ready, len(r.queue.items)))[: len(serving) - want]
+            for r in victims:
+                r.draining = True
+                self._routable = None
+                if not r.ready and not r.queue.items:
+                    r.retired = True
+                elif r.busy_since_s < 0 and (not r.queue.items or self.cfg.shared_queue):
+                    self._retire(r, now)
+
+    # ---------------------------------------------------------------- main loop
+    def run(self, arrivals_s: npt.NDArray[np.float64]) -> SimResult:
+        """Simulate `arrivals_s` (sorted seconds from t = 0) until every admitted request is finished."""
+        wall0 = time.perf_counter()
+        cfg = self.cfg
+        for _ in range(cfg.replicas):
+            self._add_replica(0.0, 0.0)
+        arrivals = arrivals_s.tolist()
+        n = len(arrivals)
+        scale_state = _ScaleState(cfg.replicas)
+        if cfg.autoscale is not None and n:
+            self._push(cfg.autoscale_interval_s, _TICK, None)
+        last_arrival_s = arrivals[-1] if n else 0.0
+        heap = self._heap
+        i = 0
+        offered = 0
+        queue_at_end = 0
+        max_queue = cfg.max_queue
+        timeout = cfg.timeout_s
+        shared = cfg.shared_queue
+        continuous = cfg.batching == "continuous"
+        router = cfg.router
+        with_loads = needs_loads(router)
+        inf = math.inf
+        cut = self._cut_s
+        while True:
+            next_arrival = arrivals[i] if i < n else inf
+            if heap and heap[0][0] <= next_arrival:
+                now, _, kind, payload = heapq.heappop(heap)
+                self.clock.set(now)
+                if kind == _DONE:
+                    self._on_done(cast(_Replica, payload), now)
+                elif kind == _WAKE:
+                    wq, wtoken = cast(tuple[_Queue, int], payload)
+                    if wtoken == wq.wake_token:
+                        self._dispatch(wq, now)
+                elif kind == _ITER:
+                    ir, itoken = cast(tuple[_Replica, int], payload)
+                    self._on_iterations(ir, itoken, now)
+                elif kind == _READY:
+                    self._make_ready(cast(_Replica, payload), now)
+                elif kind == _TICK and now <= last_arrival_s + cfg.autoscale_interval_s:
+                    self._tick(now, scale_state)
+                    self._push(now + cfg.autoscale_interval_s, _TICK, None)
+                continue
+            if i >= n:
+                break
+            now = next_arrival
+            i += 1
+            scale_state.arrivals = i
+            self.clock.set(now)
+            if now >= cut:
+                offered += 1
+            if shared:
+                q = self.queues[0]
+            else:
+                routable = self._routable
+                if routable is None:
+                    routable = [r for r in self.replicas if r.ready and not r.draining]
+                    if not routable:  # nothing ready yet: queue at a starting replica
+                        routable = [r for r in self.replicas if not r.retired and not r.draining] \
+                            or self.replicas
+                    self._routable = routable
+                if with_loads:
+                    loads: list[int] | None = [len(r.queue.items) + len(r.batch)
+                                               + (r.cont.running if r.cont else 0) for r in routable]
+                    ewmas: list[float] | None = [r.ewma_s for r in routable]
+                else:
+                    loads = ewmas = None
+                k, self._router_state = route(router, tuple(r.rid for r in routable), loads, ewmas,
+                                              self._router_state, now, self._rng)
+                q = routable[k].queue
+            if max_queue and len(q.items) >= max_queue:
+                if now >= cut:
+                    self._rejected += 1
+                if i == n:
+                    queue_at_end = self._depth
+                continue
+            if q.last_arrival_s > -inf:
+                gap = now - q.last_arrival_s
+                q.gap_est = gap if q.gap_est == 0 else q.gap_est + _EWMA * (gap - q.gap_est)
+                q.rate_est = 1.0 / q.gap_est if q.gap_est > 0 else 0.0
+            q.last_arrival_s = now
+            q.items.append(QueuedItem(now, now + timeout))
+            self._depth += 1
+            if self._depth > self._max_depth:
+                self._max_depth = self._depth
+            if i == n:
+                queue_at_end = self._depth
+            if q.idle:
+                self._dispatch(q, now)
+            elif continuous:
+                self._nudge_continuous(q, now)
+        end = max(self._last_done_s, last_arrival_s)
+        self._account_ready(end, 0)
+        return self._result(offered, queue_at_end, end, arrivals, time.perf_counter() - wall0)
+
+    def _result(self, offered: int, queue_at_end: int, end: float, arrivals: list[float],
+                wall_s: float) -> SimResult:
+        lat = np.asarray(self._lat, dtype=np.float64)
+        first = next((a for a in arrivals if a >= self._cut_s), 0.0)
+        duration = max(end - first, 1e-12)
+        done = int(lat.size)
+        pct = np.percentile(lat, [50, 95, 99]) if done else np.array([math.nan] * 3)
+        return SimResult(
+            offered=offered, completed=done, rejected=self._rejected, expired=self._expired, duration_s=duration,
+            throughput_per_s=done / duration, mean_latency_s=float(lat.mean()) if done else math.nan,
+            p50_latency_s=float(pct[0]), p95_latency_s=float(pct[1]), p99_latency_s=float(pct[2]),
+            max_latency_s=float(lat.max()) if done else math.nan,
+            mean_wait_s=self._wait_sum / done if done and not self._ttft else math.nan,
+            mean_ttft_s=float(np.mean(self._ttft)) if self._ttft else math.nan,
+            utilisation=self._busy_done_s / self._ready_s if self._ready_s > 0 else 0.0, busy_s=self._busy_done_s,
+            mean_batch_size=self._batch_items / self._batches if self._batches else 0.0,
+            max_queue_depth=self._max_depth, queue_at_end=queue_at_end,
+            replica_timeline=tuple(self._timeline), wall_s=wall_s, latencies_s=lat)
+
+
+def simulate(cfg: SimConfig, profile: ServiceProfile, arrivals_s: npt.NDArray[np.float64]) -> SimResult:
+    """Convenience: ``Simulator(cfg, profile).run(arrivals_s)``."""
+    return Simulator(cfg, profile).run(arrivals_s)

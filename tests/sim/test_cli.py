@@ -1,0 +1,43 @@
+"""`headroom sim` end to end through the CLI: table, JSON and the coloured histogram PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from PIL import Image
+from typer.testing import CliRunner
+
+from headroom.cli.main import app
+
+runner = CliRunner()
+
+
+def test_sim_json_and_plot(tmp_path: Path) -> None:
+    out, png = tmp_path / "out.json", tmp_path / "lat.png"
+    result = runner.invoke(app, ["sim", "--rate", "500", "--replicas", "2", "--batching", "dynamic",
+                                 "--max-batch-size", "16", "--service-ms", "5", "--per-item-ms", "0.6",
+                                 "--duration", "10", "--json", str(out), "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    assert "P99" in result.output
+    data = json.loads(out.read_text())
+    m = data["metrics"]
+    assert m["completed"] == m["offered"] > 4000
+    assert m["p50_latency_s"] <= m["p95_latency_s"] <= m["p99_latency_s"]
+    img = Image.open(png).convert("RGB")
+    colours = set(img.getdata())
+    assert (0x2E, 0x9E, 0x5B) in colours and (0xD6, 0x45, 0x45) in colours  # green bars and red worst 1 %
+
+
+def test_sim_stdout_json_with_builtin_profile_and_autoscale() -> None:
+    result = runner.invoke(app, ["sim", "--profile", "resnet50_v100", "--rate", "150", "--batching", "none",
+                                 "--autoscale", "--cold-start-s", "5", "--duration", "60", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert max(n for _, n in data["replica_timeline"]) >= 2
+
+
+def test_sim_reports_bad_input() -> None:
+    result = runner.invoke(app, ["sim", "--batching", "continuous", "--duration", "1"])
+    assert result.exit_code == 2
+    assert "llm" in result.output
