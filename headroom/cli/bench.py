@@ -1,15 +1,482 @@
-"""`headroom bench` (being built; see the issue tracker)."""
+"""`headroom bench`: the open-loop load generator (run, sweep, compare, pareto).
+
+`headroom bench URL ...` is shorthand for `headroom bench run URL ...`: the group inserts `run` when its first
+argument is not one of its subcommands.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
 import typer
+from rich.live import Live
+from rich.text import Text
+from typer.core import TyperGroup
 
-app = typer.Typer(help="headroom bench", no_args_is_help=True)
+from headroom.loadgen.arrivals import ARRIVAL_KINDS
+from headroom.loadgen.clients import PROTOCOLS
+from headroom.loadgen.console import (
+    STDERR,
+    config_from_options,
+    point_json,
+    print_compare,
+    print_pareto,
+    progress_text,
+    write_outputs,
+)
+from headroom.loadgen.runner import BenchConfig, RunOutcome, run_bench, sweep_peak_rate
+from headroom.loadgen.scenarios import SCENARIOS
+from headroom.loadgen.workloads import WORKLOADS
+
+if TYPE_CHECKING:
+    from typer._click.core import Context
 
 
-@app.command("version")
-def version() -> None:
-    """Print the headroom version."""
-    from headroom import __version__
+class _DefaultRunGroup(TyperGroup):
+    """Route `headroom bench URL ...` to `headroom bench run URL ...`."""
 
-    typer.echo(__version__)
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(
+    cls=_DefaultRunGroup,
+    no_args_is_help=True,
+    help=(
+        "Load-test a model server. `headroom bench URL --model M` (= `headroom bench run URL ...`) sends an "
+        "open-loop schedule (Poisson by default) and measures latency from each request's INTENDED send time, "
+        "so a stalled server shows up in the tail. Protocols: "
+        + ", ".join(PROTOCOLS)
+        + ". Scenarios (MLPerf): "
+        + ", ".join(SCENARIOS)
+        + ". `sweep` finds the highest rate that meets a p99 SLO (or sweeps a server knob); `compare A.json "
+        "B.json` prints ratios; `pareto *.json` draws the latency-throughput frontier."
+    ),
+)
+console = STDERR
+
+Url = Annotated[
+    str,
+    typer.Argument(
+        metavar="URL",
+        help="Server base URL (http://127.0.0.1:8000); host:port for v2-grpc; "
+        "for --protocol image the full route (http://host:port/v2/models/digits/classify).",
+    ),
+]
+Model = Annotated[str, typer.Option("--model", "-m", help="Model name (V2 route and OpenAI `model` field).")]
+Protocol = Annotated[str, typer.Option("--protocol", "-p", help="One of: " + ", ".join(PROTOCOLS) + ".")]
+Scenario = Annotated[
+    str,
+    typer.Option(
+        "--scenario",
+        "-s",
+        help=(
+            "server: open loop at --rate, VALID if p99 <= --slo-p99-ms with 99% confidence (>= 459 queries); offline: "
+            "rate*duration queries all at t=0, metric throughput; single-stream: one at a time, metric p90; "
+            "multi-stream: 8-sample queries one at a time, metric p99."
+        ),
+    ),
+]
+Arrival = Annotated[
+    str,
+    typer.Option(
+        "--arrival",
+        "-a",
+        help="Open-loop arrivals: "
+        + ", ".join(ARRIVAL_KINDS)
+        + ". gamma uses --cv; on_off --on-s/--off-s/--off-rate; ramp "
+        "--end-rate; steps --rates/--step-s; trace --trace.",
+    ),
+]
+Rate = Annotated[float, typer.Option("--rate", "-r", help="Mean arrival rate (requests/s).")]
+Duration = Annotated[float, typer.Option("--duration", "-d", help="Seconds of load (schedule length).")]
+SloP99 = Annotated[float, typer.Option("--slo-p99-ms", help="p99 latency bound (ms): decides VALID and goodput.")]
+JsonOut = Annotated[
+    Path | None, typer.Option("--json", help="Write the full result (config, environment, measurements) here.")
+]
+
+
+def _parse_cpus(spec: str) -> set[int]:
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        try:
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise typer.BadParameter(f"--cpus {spec!r}: use a list like 0 or 0,1 or 2-3") from None
+    return cpus
+
+
+def _pin(cpus: str) -> None:
+    if not cpus:
+        return
+    wanted = _parse_cpus(cpus)
+    try:
+        os.sched_setaffinity(0, wanted)
+    except (OSError, AttributeError) as exc:
+        raise typer.BadParameter(f"--cpus {cpus}: cannot pin to {sorted(wanted)} ({exc})") from None
+
+
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}", soft_wrap=True)
+    return typer.Exit(code=2)
+
+
+async def _run_with_live(config: BenchConfig, quiet: bool) -> RunOutcome:
+    total_s = config.arrival.duration_s if config.closed_concurrency == 0 else config.duration_s
+    if quiet:
+        return await run_bench(config)
+    with Live(Text("starting..."), console=console, refresh_per_second=4, transient=False) as live:
+        return await run_bench(config, on_progress=lambda s, t: live.update(progress_text(s, t, total_s)))
+
+
+# Options shared by `run` and `sweep` (kept as a dict of Typer parameters for both signatures).
+Concurrency = Annotated[
+    int,
+    typer.Option(
+        help="> 0: CLOSED loop with this many workers instead of a schedule (labelled closed-loop in every report)."
+    ),
+]
+NumQueries = Annotated[
+    int, typer.Option(help="Offline / closed loop: number of queries (0 = rate*duration / until --duration).")
+]
+Cv = Annotated[float, typer.Option(help="gamma: coefficient of variation of gaps (1 = Poisson, >1 bursty).")]
+OnS = Annotated[float, typer.Option(help="on_off: seconds per burst.")]
+OffS = Annotated[float, typer.Option(help="on_off: seconds per quiet phase.")]
+OffRate = Annotated[float, typer.Option(help="on_off: rate during quiet phases.")]
+EndRate = Annotated[float, typer.Option(help="ramp: final rate (starts at --rate).")]
+Rates = Annotated[str, typer.Option(help="steps: comma-separated rates, e.g. 10,50,100.")]
+StepS = Annotated[float, typer.Option(help="steps: seconds per step.")]
+Trace = Annotated[str, typer.Option(help="trace: CSV whose first column is send times in seconds.")]
+Workload = Annotated[
+    str,
+    typer.Option(
+        help="Dataset: " + ", ".join(WORKLOADS) + " (default by protocol: "
+        "digits for V2/image, chat for OpenAI chat/completions, sentences "
+        "for embeddings)."
+    ),
+]
+DatasetPath = Annotated[
+    str, typer.Option(help='JSONL file: {"text"|"prompt": ..., "max_tokens": n} or {"body": {...}} per line.')
+]
+NumSamples = Annotated[int, typer.Option(help="Distinct synthetic samples (cycled).")]
+InputLen = Annotated[int, typer.Option(help="chat: mean prompt length (words).")]
+InputLenStd = Annotated[int, typer.Option(help="chat: prompt length std (words).")]
+OutputLen = Annotated[int, typer.Option(help="chat/shared-prefix: mean max_tokens.")]
+OutputLenStd = Annotated[int, typer.Option(help="chat/shared-prefix: max_tokens std.")]
+PrefixWords = Annotated[int, typer.Option(help="shared-prefix: words in the shared prefix.")]
+SloE2e = Annotated[float, typer.Option(help="Per-request end-to-end bound (ms) for goodput (default: p99 bound).")]
+SloTtft = Annotated[float, typer.Option(help="Per-request TTFT bound (ms) for goodput.")]
+SloTpot = Annotated[float, typer.Option(help="Per-request TPOT bound (ms) for goodput.")]
+Seed = Annotated[int, typer.Option(help="Seeds the schedule and the dataset.")]
+TimeoutS = Annotated[float, typer.Option(help="Per-request timeout (s); counted as status 'timeout'.")]
+MaxConn = Annotated[int, typer.Option(help="Pooled connections (HTTP).")]
+InputName = Annotated[str, typer.Option(help="V2 input tensor name (default: input for images, text for text).")]
+NoStream = Annotated[bool, typer.Option(help="OpenAI: do not stream (no TTFT/TPOT/ITL).")]
+IgnoreEos = Annotated[bool, typer.Option(help="OpenAI: send ignore_eos (vLLM) so outputs have max_tokens tokens.")]
+MaxTokens = Annotated[int, typer.Option(help="OpenAI: max_tokens when the sample names none.")]
+MetricsUrl = Annotated[str, typer.Option(help="Prometheus endpoint to scrape ('' = URL/metrics, 'none' = off).")]
+ScrapeS = Annotated[float, typer.Option(help="Seconds between /metrics scrapes.")]
+Warmup = Annotated[int, typer.Option(help="Queries sent and discarded before measuring.")]
+Confidence = Annotated[float, typer.Option(help="Early-stopping confidence for VALID (0 = plain p99 check).")]
+LateMs = Annotated[float, typer.Option(help="A send more than this behind schedule counts as late.")]
+Label = Annotated[str, typer.Option(help="Name for this run in reports.")]
+Cpus = Annotated[str, typer.Option(help="Pin the generator to these CPUs (e.g. 0 or 0,1 or 2-3).")]
+Quiet = Annotated[bool, typer.Option(help="No live progress.")]
+HttpClientOpt = Annotated[
+    str,
+    typer.Option(
+        help="HTTP library: httpx (default) or aiohttp (about 5x less generator CPU per request: use it when the "
+        "report says the generator fell behind)."
+    ),
+]
+
+
+@app.command("run")
+def run(
+    url: Url,
+    model: Model = "model",
+    protocol: Protocol = "v2-http",
+    scenario: Scenario = "server",
+    arrival: Arrival = "poisson",
+    rate: Rate = 10.0,
+    duration: Duration = 10.0,
+    slo_p99_ms: SloP99 = 0.0,
+    json_out: JsonOut = None,
+    markdown: Annotated[Path | None, typer.Option(help="Write the Markdown summary here.")] = None,
+    plots: Annotated[Path | None, typer.Option(help="Write PNG plots into this directory.")] = None,
+    concurrency: Concurrency = 0,
+    num_queries: NumQueries = 0,
+    cv: Cv = 1.0,
+    on_s: OnS = 1.0,
+    off_s: OffS = 1.0,
+    off_rate: OffRate = 0.0,
+    end_rate: EndRate = 0.0,
+    rates: Rates = "",
+    step_s: StepS = 1.0,
+    trace: Trace = "",
+    workload: Workload = "",
+    dataset_path: DatasetPath = "",
+    num_samples: NumSamples = 256,
+    input_len: InputLen = 64,
+    input_len_std: InputLenStd = 16,
+    output_len: OutputLen = 64,
+    output_len_std: OutputLenStd = 0,
+    prefix_words: PrefixWords = 512,
+    slo_e2e_ms: SloE2e = 0.0,
+    slo_ttft_ms: SloTtft = 0.0,
+    slo_tpot_ms: SloTpot = 0.0,
+    seed: Seed = 0,
+    timeout_s: TimeoutS = 60.0,
+    max_connections: MaxConn = 256,
+    input_name: InputName = "",
+    no_stream: NoStream = False,
+    ignore_eos: IgnoreEos = False,
+    max_tokens: MaxTokens = 64,
+    metrics_url: MetricsUrl = "",
+    scrape_interval_s: ScrapeS = 1.0,
+    warmup: Warmup = 4,
+    confidence: Confidence = 0.99,
+    late_threshold_ms: LateMs = 10.0,
+    label: Label = "",
+    cpus: Cpus = "",
+    http_client: HttpClientOpt = "aiohttp",
+    quiet: Quiet = False,
+) -> None:
+    """Benchmark URL once and report percentiles, goodput, errors, stages and server metrics.
+
+    Example: headroom bench http://127.0.0.1:8000 -m digits --rate 200 --duration 30 --slo-p99-ms 20
+    --json out.json --plots plots/
+    """
+    _pin(cpus)
+    kw = dict(locals())
+    try:
+        config = config_from_options(**kw)
+        outcome = asyncio.run(_run_with_live(config, quiet))
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    write_outputs(outcome, json_out, markdown, plots)
+    counts = outcome.result["counts"]
+    if counts["completed"] and counts["ok"] == 0:
+        examples = "; ".join(f"{k}: {v}" for k, v in counts["error_examples"].items())
+        raise _fail(f"every request failed ({examples}). Check the URL, --model and --protocol.")
+
+
+@app.command("sweep")
+def sweep(
+    url: Url,
+    model: Model = "model",
+    protocol: Protocol = "v2-http",
+    arrival: Arrival = "poisson",
+    rate: Annotated[float, typer.Option("--rate", "-r", help="Knob sweep: the rate of every run.")] = 10.0,
+    duration: Duration = 30.0,
+    slo_p99_ms: SloP99 = 0.0,
+    json_out: JsonOut = None,
+    low_rate: Annotated[float, typer.Option(help="Bisection: lowest rate considered.")] = 1.0,
+    high_rate: Annotated[float, typer.Option(help="Bisection: first guess (doubled while VALID).")] = 100.0,
+    tolerance: Annotated[float, typer.Option(help="Bisection: stop when the bracket is this fraction wide.")] = 0.05,
+    max_probes: Annotated[int, typer.Option(help="Bisection: at most this many runs.")] = 12,
+    knob: Annotated[
+        str,
+        typer.Option(
+            help="Knob sweep: knob name (e.g. max_queue_delay_ms); needs --values, --server-cmd, --ready-url."
+        ),
+    ] = "",
+    values: Annotated[str, typer.Option(help="Knob sweep: comma-separated values.")] = "",
+    server_cmd: Annotated[
+        str, typer.Option(help="Knob sweep: server command line with {value}, started and stopped once per value.")
+    ] = "",
+    ready_url: Annotated[
+        str, typer.Option(help="Knob sweep: polled until 200 before each run (default URL/v2/health/ready).")
+    ] = "",
+    server_cpus: Annotated[
+        str,
+        typer.Option(
+            help="Knob sweep: pin the server (taskset -c LIST); otherwise it inherits the generator's --cpus."
+        ),
+    ] = "",
+    plot: Annotated[Path | None, typer.Option(help="PNG of the Pareto frontier (knob sweep).")] = None,
+    workload: Workload = "",
+    dataset_path: DatasetPath = "",
+    num_samples: NumSamples = 256,
+    input_len: InputLen = 64,
+    input_len_std: InputLenStd = 16,
+    output_len: OutputLen = 64,
+    output_len_std: OutputLenStd = 0,
+    prefix_words: PrefixWords = 512,
+    seed: Seed = 0,
+    timeout_s: TimeoutS = 60.0,
+    max_connections: MaxConn = 256,
+    input_name: InputName = "",
+    no_stream: NoStream = False,
+    ignore_eos: IgnoreEos = False,
+    max_tokens: MaxTokens = 64,
+    warmup: Warmup = 4,
+    confidence: Confidence = 0.99,
+    late_threshold_ms: LateMs = 10.0,
+    label: Label = "",
+    cpus: Cpus = "",
+    http_client: HttpClientOpt = "aiohttp",
+) -> None:
+    """Find the highest rate whose Server run is VALID under --slo-p99-ms (bisection), or, with --knob, run
+    once per knob value and draw the latency-throughput Pareto frontier.
+
+    Example: headroom bench sweep http://127.0.0.1:8000 -m digits --slo-p99-ms 20 --duration 30 --json peak.json
+    """
+    from headroom.loadgen.sweep import BisectConfig
+
+    _pin(cpus)
+    kw = dict(locals())
+    kw.update(
+        scenario="server",
+        concurrency=0,
+        num_queries=0,
+        cv=1.0,
+        on_s=1.0,
+        off_s=1.0,
+        off_rate=0.0,
+        end_rate=0.0,
+        rates="",
+        step_s=1.0,
+        trace="",
+        slo_e2e_ms=0.0,
+        slo_ttft_ms=0.0,
+        slo_tpot_ms=0.0,
+        metrics_url="",
+        scrape_interval_s=1.0,
+    )
+    try:
+        base = config_from_options(**kw)
+        if knob:
+            summary = _knob_sweep(
+                base,
+                knob,
+                values,
+                server_cmd,
+                ready_url or url.rstrip("/") + "/v2/health/ready",
+                server_cpus,
+                plot,
+            )
+        else:
+            if slo_p99_ms <= 0:
+                raise ValueError("the rate sweep needs a bound: pass --slo-p99-ms")
+            bisect = BisectConfig(
+                low_rate_per_s=low_rate,
+                high_rate_per_s=max(high_rate, low_rate),
+                rel_tolerance=tolerance,
+                max_probes=max_probes,
+            )
+
+            def on_probe(rate_per_s: float, outcome: RunOutcome) -> None:
+                scen = outcome.result["scenario"]
+                mark = "[green]VALID[/green]" if scen["valid"] else "[red]invalid[/red]"
+                console.print(
+                    f"  {rate_per_s:10.3f}/s  p99 {outcome.result['latency_ms']['p99_ms']:9.2f} ms  "
+                    f"{mark}  {'; '.join(scen['reasons'])}"
+                )
+
+            console.print(f"bisecting for the highest rate with p99 <= {slo_p99_ms:g} ms ...")
+            state, results = asyncio.run(sweep_peak_rate(base, bisect, on_probe))
+            summary = {
+                "kind": "peak_rate",
+                "slo_p99_ms": slo_p99_ms,
+                "peak_rate_per_s": state.best_valid_per_s,
+                "lowest_invalid_per_s": state.lowest_invalid_per_s,
+                "probes": [list(p) for p in state.probes],
+                "runs": results,
+            }
+            console.print(
+                f"[bold]highest VALID rate: {state.best_valid_per_s:.3f}/s[/bold]"
+                + (f" (invalid at {state.lowest_invalid_per_s:.3f}/s)" if state.lowest_invalid_per_s else "")
+            )
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(summary, indent=1))
+        console.print(f"wrote {json_out}")
+
+
+def _knob_sweep(
+    base: BenchConfig,
+    knob: str,
+    values: str,
+    server_cmd: str,
+    ready_url: str,
+    server_cpus: str,
+    plot: Path | None,
+) -> dict[str, Any]:
+    from headroom.loadgen.knob import KnobSweepConfig, run_knob_sweep
+    from headroom.loadgen.plots import pareto
+
+    cfg = KnobSweepConfig(
+        knob=knob,
+        values=tuple(v.strip() for v in values.split(",") if v.strip()),
+        server_cmd=server_cmd,
+        ready_url=ready_url,
+        server_cpus=server_cpus,
+    )
+
+    def on_result(value: str, outcome: RunOutcome) -> None:
+        r = outcome.result
+        console.print(
+            f"  {knob}={value}: {r['throughput']['ok_per_s']:.1f} ok/s, p99 {r['latency_ms']['p99_ms']:.2f} ms"
+        )
+
+    points, results = asyncio.run(run_knob_sweep(base, cfg, on_result))
+    print_pareto(points)
+    if plot is not None:
+        console.print(f"wrote {pareto(points, plot, f'Pareto frontier over {knob}')}")
+    return {"kind": "knob", "knob": knob, "points": [point_json(p) for p in points], "runs": results}
+
+
+@app.command("compare")
+def compare(
+    a: Annotated[Path, typer.Argument(help="Baseline result JSON.")],
+    b: Annotated[Path, typer.Argument(help="Candidate result JSON.")],
+    markdown: Annotated[Path | None, typer.Option(help="Also write the table as Markdown here.")] = None,
+) -> None:
+    """Print B/A ratios for throughput, goodput and latency percentiles (and whether B is better)."""
+    from headroom.loadgen.report import compare_markdown, compare_rows, load_result
+
+    try:
+        ra, rb = load_result(a), load_result(b)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    print_compare(compare_rows(ra, rb), a.name, b.name)
+    for name, res in ((a.name, ra), (b.name, rb)):
+        if res["load"]["mode"] == "closed":
+            console.print(f"[yellow]{name} is a closed-loop run: its latencies are coordinated with the server.")
+    if markdown is not None:
+        markdown.write_text(compare_markdown(ra, rb, a.stem, b.stem))
+
+
+@app.command("pareto")
+def pareto_cmd(
+    results: Annotated[list[Path], typer.Argument(help="Result JSONs (each run's --label names its point).")],
+    plot: Annotated[Path | None, typer.Option(help="Write the frontier as PNG here.")] = None,
+) -> None:
+    """Mark which runs are on the latency-throughput Pareto frontier (goodput when an SLO was set)."""
+    from headroom.loadgen.knob import point_from_result
+    from headroom.loadgen.plots import pareto
+    from headroom.loadgen.report import load_result
+    from headroom.loadgen.sweep import pareto_frontier
+
+    try:
+        points = pareto_frontier(
+            [point_from_result(load_result(p), load_result(p).get("label") or p.stem) for p in results]
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    print_pareto(points)
+    if plot is not None:
+        console.print(f"wrote {pareto(points, plot)}")

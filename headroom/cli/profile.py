@@ -10,7 +10,6 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from headroom.models.repository import ModelRepository
 from headroom.profiling.measure import BatchTiming, default_batch_sizes, profile_document, profile_model
 
 
@@ -27,6 +26,8 @@ def profile(
     The profile feeds `headroom plan ... --from-profile` and `headroom sim --profile`. Only the model call is
     timed (preprocessing is per request and overlaps batches in the server).
     """
+    from headroom.models.repository import ModelRepository  # heavy (torch): not at `headroom --help`
+
     console = Console(stderr=True)
     repo = ModelRepository(model_repository)
     index = repo.scan([model])

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 
-from headroom.server.app import Server, ServerConfig
-from headroom.server.http_app import HttpLimits
-from headroom.server.logging import configure_logging
+if TYPE_CHECKING:
+    from headroom.server.app import Server
 
 
 def _banner(server: Server) -> None:
@@ -44,6 +44,10 @@ def serve(
 
     The server answers liveness at once and readiness once every model is loaded and warmed up.
     """
+    from headroom.server.app import Server, ServerConfig  # heavy imports: not at `headroom --help`
+    from headroom.server.http_app import HttpLimits
+    from headroom.server.logging import configure_logging
+
     configure_logging(log_level, access_log)
     config = ServerConfig(
         model_repository=model_repository, host=host, http_port=http_port, grpc_port=grpc_port,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -101,9 +102,26 @@ def sim(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the metrics as JSON to this file "
                                                   "('-' for stdout).")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write the coloured latency histogram PNG here.")] = None,
+    validate: Annotated[bool, typer.Option("--validate", help="Check the simulator against the real server: "
+                                           "profile --model (or read --profile), start `headroom serve`, bench it "
+                                           "open-loop at --loads of the profile's capacity for --duration s each, "
+                                           "simulate the same schedule, compare p50/p99 (docs/sim.md).")] = False,
+    model: Annotated[str, typer.Option(help="--validate: model to serve and bench (digits, minilm, noop).")] = "digits",
+    model_repository: Annotated[Path, typer.Option(help="--validate: model repository.")] = Path("models"),
+    loads: Annotated[str, typer.Option(help="--validate: fractions of capacity, comma-separated.")] = "0.3,0.5,0.7,0.9",
+    capacity_per_s: Annotated[float, typer.Option(help="--validate: capacity (req/s) the loads are fractions of; "
+                                                  "0 = B_max / T(B_max) from the profile.")] = 0.0,
+    overhead: Annotated[str, typer.Option(help="--validate: per-request cost added to simulated latency: fixed "
+                                          "(median measured) | empirical (measured draws).")] = "fixed",
+    calibration_queries: Annotated[int, typer.Option(help="--validate: single-stream requests measuring the "
+                                                     "overhead.")] = 200,
 ) -> None:
     """Simulate one deployment and print P50/P95/P99, measured QPS, utilisation, queue, completed, rejected."""
     if ctx.invoked_subcommand is not None:
+        return
+    if validate:
+        _validate(model, model_repository, profile, loads, capacity_per_s, duration, seed, overhead,
+                  calibration_queries, json_out)
         return
     try:
         prof = _profile(profile, service_ms, per_item_ms, distribution, service_cv)
@@ -140,3 +158,34 @@ def sim(
         from headroom.sim.plot import latency_histogram_png
 
         latency_histogram_png(result.latencies_s, plot)
+
+
+def _validate(model: str, model_repository: Path, profile: str | None, loads: str, capacity_per_s: float,
+              duration: float, seed: int, overhead: str, calibration_queries: int, json_out: Path | None) -> None:
+    from headroom.sim.validate import ValidateConfig, report_table, run_validation
+
+    console = Console(stderr=True)
+    try:
+        fractions = tuple(float(x) for x in loads.split(",") if x.strip())
+        cfg = ValidateConfig(model=model, model_repository=model_repository, profile_path=profile,
+                             loads=fractions, capacity_per_s=capacity_per_s, duration_s=duration, seed=seed,
+                             overhead=overhead, calibration_queries=calibration_queries)
+        with console.status("validating ...") as status:
+            def step(msg: str) -> None:
+                status.update(msg)
+                console.log(msg)
+
+            report = run_validation(cfg, on_step=step)
+    except (ValueError, RuntimeError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from exc
+    report["environment"]["command_line"] = " ".join(["headroom", "sim", *sys.argv[2:]])
+    if json_out is not None and str(json_out) == "-":
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        Console().print(report_table(report))
+        if json_out is not None:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps(report, indent=2) + "\n")
+    if not report["verdict"]["pass"]:
+        raise typer.Exit(code=1)

@@ -1,0 +1,1 @@
+"""`headroom bench`: an open-loop load generator (arrivals, clients, scenarios, measurement, reports)."""

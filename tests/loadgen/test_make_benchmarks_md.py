@@ -1,0 +1,56 @@
+"""scripts/make_benchmarks_md.py renders result files into BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from headroom.loadgen.collector import Collector
+from headroom.loadgen.records import RequestRecord, Slo
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_benchmarks_md.py"
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("make_benchmarks_md", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _result(label: str, latency_ms: float, rate: float) -> dict[str, object]:
+    col = Collector(Slo(p99_ms=100.0))
+    for i in range(100):
+        t = i / rate
+        col.add(RequestRecord(i, t, t, t + latency_ms / 1000, True, "200", latency_ms / 1000))
+    return {
+        "schema": "headroom.bench/1",
+        "label": label,
+        "config": {"client": {"protocol": "v2-http"}, "slo": {"p99_ms": 100.0}},
+        "environment": {"hostname": "box", "cpu_count": 2, "date_utc": "2026-01-01T00:00:00+00:00"},
+        "load": {"label": "open-loop poisson arrivals, mean 10/s", "mode": "open"},
+        "generator": {"fell_behind": False},
+        "scenario": {"name": "server", "valid": True, "reasons": []},
+        **col.summary(),
+    }
+
+
+def test_render_groups_by_directory_and_compares_with_the_first(tmp_path: Path) -> None:
+    (tmp_path / "batching").mkdir()
+    (tmp_path / "batching" / "0-off.json").write_text(json.dumps(_result("off", 20.0, 10.0)))
+    (tmp_path / "batching" / "1-on.json").write_text(json.dumps(_result("on", 10.0, 20.0)))
+    (tmp_path / "junk.json").write_text("[]")
+    out = tmp_path / "BENCHMARKS.md"
+    assert _script().main(["--results", str(tmp_path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "## batching" in text
+    rows = [line for line in text.splitlines() if line.startswith("| o")]
+    assert rows[0].startswith("| off |") and rows[0].endswith("| baseline |")
+    assert rows[1].startswith("| on |") and "p99 0.50x" in rows[1]
+    assert "`junk.json`" in text
+    assert np.isclose(float(rows[1].split("|")[7]), 10.0, rtol=0.01)
