@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from headroom.cli import bench, build_models, plan, profile, serve, sim
+from headroom.gateway import keys_cli
 
 app = typer.Typer(
     name="headroom",
@@ -19,6 +20,7 @@ app.command("profile")(profile.profile)
 app.add_typer(bench.app, name="bench")
 app.add_typer(plan.app, name="plan")
 app.add_typer(sim.app, name="sim")
+app.add_typer(keys_cli.app, name="keys")
 
 
 def main() -> None:

@@ -14,14 +14,15 @@ if TYPE_CHECKING:
 
 def _banner(server: Server) -> None:
     host, http, grpc = server.config.host, server.http_port, server.grpc_port
+    scheme = "https" if server.config.tls is not None else "http"
     console = Console(stderr=True)
     names = server.dataplane.model_names()
     console.print(f"[bold green]headroom is ready[/] — models: {', '.join(names) or '(none)'}")
-    console.print(f"  HTTP  (KServe V2, OpenAI, /metrics)  http://{host}:{http}")
+    console.print(f"  HTTP  (KServe V2, OpenAI, /metrics)  {scheme}://{host}:{http}")
     if grpc >= 0:
         console.print(f"  gRPC  (inference.GRPCInferenceService)  {host}:{grpc}")
     console.print("  try:")
-    console.print(f"    curl -s http://{host}:{http}/v2/health/ready")
+    console.print(f"    curl -s {scheme}://{host}:{http}/v2/health/ready")
     if "minilm" in names:
         console.print(f"    curl -s http://{host}:{http}/v1/embeddings -H 'content-type: application/json' "
                       "-d '{\"model\": \"minilm\", \"input\": [\"hello world\"]}'")
@@ -39,24 +40,56 @@ def serve(
     drain_timeout_s: float = typer.Option(30.0, help="On SIGTERM, how long to let in-flight requests finish."),
     log_level: str = typer.Option("info", help="Log level for headroom's JSON logs on stderr."),
     access_log: bool = typer.Option(True, help="One JSON log line per request."),
+    api_keys_file: Path = typer.Option(None, help="Turn on API-key auth with this keys file "
+                                       "(create keys with `headroom keys create`)."),
+    rate_limit_rps: float = typer.Option(0.0, help="Per-tenant requests per second (0 = unlimited); 429 beyond."),
+    rate_limit_burst: float = typer.Option(0.0, help="Per-tenant request burst (0 = one second's worth)."),
+    llm_tokens_per_s: float = typer.Option(0.0, help="Per-tenant LLM tokens per second (0 = unlimited)."),
+    llm_token_burst: float = typer.Option(0.0, help="Per-tenant LLM token burst."),
+    body_timeout_s: float = typer.Option(30.0, help="A request body must arrive within this (slow clients: 408)."),
+    cors_origin: list[str] = typer.Option([], "--cors-origin", help="Allow this browser origin (repeatable)."),
+    tls_certfile: Path = typer.Option(None, help="PEM certificate chain: serve HTTPS and gRPC over TLS."),
+    tls_keyfile: Path = typer.Option(None, help="PEM private key for --tls-certfile."),
+    tls_client_ca_file: Path = typer.Option(None, help="PEM CA: require client certificates it signed (mTLS)."),
+    trace_spans_file: Path = typer.Option(None, help="Write OpenTelemetry spans here as JSON lines."),
 ) -> None:
     """Serve every model in the repository over KServe V2 (HTTP + gRPC) and the OpenAI API.
 
     The server answers liveness at once and readiness once every model is loaded and warmed up.
     """
+    import dataclasses
+
+    import uvloop  # ships with uvicorn[standard]
+
+    from headroom.gateway.app import exposure_warning, gateway_setup
+    from headroom.gateway.context import install_log_context
+    from headroom.gateway.tls import TlsConfig
     from headroom.server.app import Server, ServerConfig  # heavy imports: not at `headroom --help`
     from headroom.server.http_app import HttpLimits
     from headroom.server.logging import configure_logging
 
     configure_logging(log_level, access_log)
-    config = ServerConfig(
-        model_repository=model_repository, host=host, http_port=http_port, grpc_port=grpc_port,
-        models=tuple(model) or None, limits=HttpLimits(max_body_bytes=int(max_body_mb * 1024 * 1024)),
-        drain_timeout_s=drain_timeout_s, log_level=log_level,
-    )
-    import uvloop  # ships with uvicorn[standard]
-
+    install_log_context()
+    max_body_bytes = int(max_body_mb * 1024 * 1024)
     try:
+        setup = gateway_setup(api_keys_file, max_body_bytes, rate_limit_rps, rate_limit_burst, llm_tokens_per_s,
+                              llm_token_burst, cors_origin, body_timeout_s)
+        # The data plane writes the per-request access line (HTTP and gRPC alike); the gateway stays quiet.
+        setup = dataclasses.replace(setup, config=dataclasses.replace(setup.config, access_log=False))
+        tls = None
+        if tls_certfile is not None or tls_keyfile is not None:
+            if tls_certfile is None or tls_keyfile is None:
+                raise ValueError("TLS needs both --tls-certfile and --tls-keyfile")
+            tls = TlsConfig(tls_certfile, tls_keyfile, tls_client_ca_file)
+        warning = exposure_warning(host, setup, tls is not None)
+        if warning:
+            Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {warning}")
+        config = ServerConfig(
+            model_repository=model_repository, host=host, http_port=http_port, grpc_port=grpc_port,
+            models=tuple(model) or None, limits=HttpLimits(max_body_bytes=max_body_bytes),
+            drain_timeout_s=drain_timeout_s, log_level=log_level, gateway=setup, tls=tls,
+            trace_spans_file=trace_spans_file,
+        )
         uvloop.run(Server(config).run(on_ready=_banner))
     except ValueError as exc:  # configuration problems: say what to fix, no traceback
         Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}")

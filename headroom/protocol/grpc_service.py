@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,21 +207,28 @@ async def bind_grpc_server(
     *,
     config: GrpcServerConfig | None = None,
     labels: LabelLookup | None = None,
+    interceptors: Sequence[Any] = (),
+    credentials: Any = None,
 ) -> tuple[grpc.aio.Server, int]:
-    """Create, bind and start the server; returns it with the bound port (useful with `port=0`)."""
+    """Create, bind and start the server; returns it with the bound port (useful with `port=0`).
+
+    `interceptors` (e.g. the gateway's auth/rate-limit interceptor) run before every RPC; `credentials`
+    (grpc.ssl_server_credentials) turn on TLS.
+    """
     cfg = config or GrpcServerConfig()
     options = [
         ("grpc.max_receive_message_length", cfg.max_message_bytes),
         ("grpc.max_send_message_length", cfg.max_message_bytes),
         ("grpc.so_reuseport", 0),  # a taken port is an error, not a silently shared socket
     ]
-    server = grpc.aio.server(options=options)
+    server = grpc.aio.server(options=options, interceptors=list(interceptors))
     server.add_generic_rpc_handlers(
         (service_handler(InferenceServicer(dataplane, labels, cancel_grace_s=cfg.cancel_grace_s)),)
     )
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = (server.add_secure_port(address, credentials) if credentials is not None
+                 else server.add_insecure_port(address))
     except RuntimeError as exc:
         raise OSError(
             f"gRPC cannot listen on {address} ({exc}); is the port in use? pick another --grpc-port"

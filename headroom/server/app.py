@@ -28,6 +28,11 @@ from starlette.routing import BaseRoute
 
 from headroom.core.clock import MonotonicClock
 from headroom.dashboard.routes import dashboard_routes
+from headroom.gateway.app import GatewaySetup, wrap_app
+from headroom.gateway.grpc_auth import GatewayInterceptor
+from headroom.gateway.ratelimit import RateLimiter
+from headroom.gateway.span_export import file_tracer_provider
+from headroom.gateway.tls import TlsConfig, grpc_server_credentials, uvicorn_ssl_kwargs
 from headroom.models.repository import ModelRepository
 from headroom.server.dataplane import DataPlane, ServedVersion
 from headroom.server.http_app import HttpApi, HttpLimits, build_http_app
@@ -49,6 +54,9 @@ class ServerConfig:
     limits: HttpLimits = field(default_factory=HttpLimits)  # HTTP input limits
     drain_timeout_s: float = 30.0  # how long SIGTERM waits for in-flight requests
     log_level: str = "info"  # logging level for headroom's loggers
+    gateway: GatewaySetup = field(default_factory=GatewaySetup)  # auth, rate limits, input limits, CORS
+    tls: TlsConfig | None = None  # certificate + key: HTTPS and gRPC over TLS
+    trace_spans_file: Path | None = None  # write OpenTelemetry spans here as JSON lines
 
 
 class _UvicornServer(uvicorn.Server):
@@ -101,9 +109,14 @@ class Server:
         self.dataplane.expect([e.name for e in index.models])
         llm_routes, cards = self._llm_routes(index.llm_models)
         api = HttpApi(self.dataplane, self.registry, self.config.limits, cards, ModelManager(repo, self.dataplane))
-        app = build_http_app(api, [*llm_routes, *dashboard_routes()])
+        gw = self.config.gateway
+        self.limiter = RateLimiter(gw.config.rate_limits, gw.config.tenant_rate_limits)
+        provider = file_tracer_provider(self.config.trace_spans_file) if self.config.trace_spans_file else None
+        app = wrap_app(build_http_app(api, [*llm_routes, *dashboard_routes()]), gw, self.clock, provider,
+                       self.registry, self.limiter)
         uv_config = uvicorn.Config(app, host=self.config.host, port=self.config.http_port, log_level="warning",
-                                   lifespan="off", access_log=False, timeout_graceful_shutdown=5)
+                                   lifespan="off", access_log=False, timeout_graceful_shutdown=5,
+                                   **uvicorn_ssl_kwargs(self.config.tls))
         self._http = _UvicornServer(uv_config)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -119,8 +132,11 @@ class Server:
         if self.config.grpc_port >= 0:
             from headroom.protocol.grpc_service import bind_grpc_server
 
-            self._grpc, self.grpc_port = await bind_grpc_server(self.dataplane, self.config.host,
-                                                                self.config.grpc_port, labels=self.dataplane.labels)
+            interceptor = GatewayInterceptor(gw.keys, self.limiter if self.limiter.enabled else None, self.clock)
+            creds = grpc_server_credentials(self.config.tls) if self.config.tls is not None else None
+            self._grpc, self.grpc_port = await bind_grpc_server(
+                self.dataplane, self.config.host, self.config.grpc_port, labels=self.dataplane.labels,
+                interceptors=[interceptor], credentials=creds)
         self._load_task = asyncio.create_task(self._load(repo, index, on_ready), name="model-loader")
         try:
             await self._stop.wait()

@@ -58,9 +58,25 @@ def _model_paths(prefix: str, with_version: bool) -> dict[str, Any]:
     ready = {"type": "object", "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}}}
     return {
         prefix: {"get": {"summary": "Model metadata", "parameters": params,
-                         "responses": {**_ok(meta), **_errors(404)}}},
+                         "responses": {**_ok(meta), **_errors(400, 404)}}},
         f"{prefix}/ready": {"get": {"summary": "Model readiness", "parameters": params,
-                                    "responses": {**_ok(ready), **_errors(404, 503)}}},
+                                    "responses": {**_ok(ready), **_errors(400, 404, 503)}}},
+        f"{prefix}/stats": {"get": {"summary": "Model statistics (V2 statistics extension)", "parameters": params,
+                                    "responses": {**_ok({"type": "object"}), **_errors(400, 404)}}},
+        f"{prefix}/classify": {"post": {
+            "summary": "Raw PNG/JPEG image → top-k labelled predictions (image classifiers)",
+            "parameters": [*params,
+                           {"name": "top_k", "in": "query", "required": False,
+                            "schema": {"type": "integer", "minimum": 1}},
+                           {"name": "min_confidence", "in": "query", "required": False,
+                            "schema": {"type": "number", "minimum": 0, "maximum": 1}}],
+            "requestBody": {"required": True, "content": {
+                "image/png": {"schema": {"type": "string", "format": "binary"}},
+                "image/jpeg": {"schema": {"type": "string", "format": "binary"}}}},
+            "responses": {**_ok({"type": "object", "properties": {
+                "predictions": {"type": "array"}, "model_version": {"type": "string"},
+                "inference_time_ms": {"type": "number"}}}), **_errors(400, 404, 413, 503, 504)},
+        }},
         f"{prefix}/infer": {"post": {
             "summary": "Inference (JSON tensors, or the binary tensor data extension)",
             "parameters": [*params,
@@ -96,6 +112,19 @@ def openapi_document() -> dict[str, Any]:
                     "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
                     "model": {"type": "string"}, "encoding_format": {"enum": ["float", "base64"]}}}}}},
             "responses": {**_ok(flag), **_errors(400, 404, 413, 503, 504, openai=True)}}},
+        "/v2/models/stats": {"get": {"summary": "Statistics of every model",
+                                     "responses": _ok({"type": "object"})}},
+        "/v2/repository/index": {
+            "post": {"summary": "Model repository index", "responses": {**_ok({"type": "array"}), **_errors(500)}},
+            "get": {"summary": "Model repository index", "responses": {**_ok({"type": "array"}), **_errors(500)}}},
+        "/v2/repository/models/{model}/load": {"post": {
+            "summary": "Load or reload a model (admin when authentication is on)",
+            "parameters": _model_params(False),
+            "responses": {**_ok({"type": "object"}), **_errors(400, 401, 403, 404)}}},
+        "/v2/repository/models/{model}/unload": {"post": {
+            "summary": "Unload a model (admin when authentication is on)",
+            "parameters": _model_params(False),
+            "responses": {**_ok({"type": "object"}), **_errors(400, 401, 403, 404)}}},
         "/metrics": {"get": {"summary": "Prometheus metrics",
                              "responses": {"200": {"description": "text exposition format"}}}},
     }

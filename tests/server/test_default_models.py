@@ -128,7 +128,7 @@ def test_raw_png_route_classifies_digits_with_labels_and_version(defaults: Runni
 
 
 def test_classification_extension_returns_labelled_top_k(defaults: RunningServer) -> None:
-    _, _, x_test, y_test = held_out_split(DigitsTrainingConfig())
+    _, _, x_test, _ = held_out_split(DigitsTrainingConfig())
     client = triton_http.InferenceServerClient(defaults.http_target)
     chunk = x_test[:4].reshape(-1, 1, 8, 8).astype(np.float32)
     inp = triton_http.InferInput("input", list(chunk.shape), "FP32")

@@ -1,0 +1,334 @@
+"""The gateway as pure ASGI middleware: auth, per-tenant rate limits, input limits, slow clients, context.
+
+Per HTTP request, in order (each refusal is one JSON 4xx and the app is never called):
+
+    headers (431) → path / model name (400) → API key (401) and role (403) → body: size (413), slow client
+    (408 + connection closed), JSON depth / string length (400), OpenAI model name and LLM knobs (400)
+    → token buckets for the tenant (429 + Retry-After) → the app, with the body replayed and the
+    request id (and the ingress span's traceparent) in its headers.
+
+It wraps `send` only to note the status and add `X-Request-Id`, passing every message on at once, so
+streamed (SSE) responses stay streamed. Health probes and /metrics (configurable) skip auth and rate limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from opentelemetry.trace import TracerProvider
+from prometheus_client import CollectorRegistry, Counter
+
+from headroom.core.clock import Clock, MonotonicClock
+from headroom.core.errors import Cancelled, HeadroomError, InvalidRequest, PayloadTooLarge, RateLimited
+from headroom.gateway.asgi import (
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    header_value,
+    presented_key,
+    replay_body,
+    send_error,
+)
+from headroom.gateway.auth import (
+    DEFAULT_ADMIN_PATHS,
+    KeyStore,
+    Principal,
+    authorize,
+    compile_paths,
+    required_role,
+)
+from headroom.gateway.context import RequestContext, bind_context, reset_context
+from headroom.gateway.errors import RequestTimeout
+from headroom.gateway.limits import (
+    EMBEDDING_PATHS,
+    LLM_PATHS,
+    InputLimits,
+    body_deadline_s,
+    check_content_length,
+    check_headers,
+    check_json_shape,
+    check_model_path,
+    check_openai_body,
+)
+from headroom.gateway.ratelimit import RateLimitConfig, RateLimiter
+from headroom.gateway.tracing import (
+    IngressSpan,
+    parse_traceparent,
+    stage_durations,
+    timings_from_server_timing,
+)
+from headroom.server.timing import parse_server_timing
+
+access_log = logging.getLogger("headroom.gateway.access")
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """What the gateway enforces. The default (auth off, no rate limits) only applies the input limits."""
+
+    auth_enabled: bool = False  # require an API key on every non-exempt path
+    exempt_paths: tuple[str, ...] = ("/v2/health/", "/metrics")  # paths without auth or rate limits
+    admin_paths: tuple[str, ...] = DEFAULT_ADMIN_PATHS  # regexes of paths that need the admin role
+    limits: InputLimits = field(default_factory=InputLimits)  # headers, body, JSON, LLM knobs, slow clients
+    rate_limits: RateLimitConfig = field(default_factory=RateLimitConfig)  # every tenant's buckets
+    tenant_rate_limits: Mapping[str, RateLimitConfig] = field(default_factory=dict)  # per-tenant overrides
+    anonymous_tenant: str = "anonymous"  # tenant name when auth is off
+    keys_reload_interval_s: float = 5.0  # how often to check the keys file for changes (revocations)
+    access_log: bool = True  # one `headroom.gateway.access` JSON line per request (never headers or keys)
+
+
+def is_exempt(path: str, exempt_paths: tuple[str, ...]) -> bool:
+    """`/metrics` exempts exactly that path (and below it); `/v2/health/` everything below it."""
+    prefixes = (p if p.endswith("/") else p + "/" for p in exempt_paths)
+    return any(path == p.rstrip("/") for p in exempt_paths) or any(path.startswith(p) for p in prefixes)
+
+
+class _ClientGone(Exception):
+    """The client disconnected while the gateway read its body."""
+
+
+class GatewayMiddleware:
+    """Pure ASGI: `GatewayMiddleware(app, config, keys)` is itself an ASGI app."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        config: GatewayConfig,
+        keys: KeyStore | None = None,
+        clock: Clock | None = None,
+        tracer_provider: TracerProvider | None = None,
+        registry: CollectorRegistry | None = None,
+        limiter: RateLimiter | None = None,
+    ) -> None:
+        if config.auth_enabled and keys is None:
+            raise ValueError("auth is enabled but no keys were given: pass --api-keys-file, or turn auth off")
+        self.app = app
+        self.config = config
+        self.keys = keys
+        self.clock = clock or MonotonicClock()
+        self.tracer_provider = tracer_provider
+        # pass one limiter to the gRPC interceptor too, so a tenant has one budget across transports
+        self.limiter = limiter or RateLimiter(config.rate_limits, config.tenant_rate_limits)
+        self._rate_limited = self.limiter.enabled  # skip the buckets entirely when no limit is set
+        self.refused = (
+            Counter(
+                "headroom_gateway_refused",
+                "Requests the gateway refused, by tenant and reason.",
+                ["tenant", "reason"],
+                registry=registry,
+            )
+            if registry is not None
+            else None
+        )
+        self._admin = compile_paths(config.admin_paths)
+        self._keys_checked_s = self.clock.now_s()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started_s, started_ns = self.clock.now_s(), time.time_ns()
+        path: str = scope["path"]
+        headers: list[tuple[bytes, bytes]] = list(scope["headers"])
+        raw_id = header_value(headers, b"x-request-id")
+        request_id = raw_id.decode("latin-1")[:128] if raw_id else uuid.uuid4().hex[:16]
+        if raw_id is None:
+            headers.append((b"x-request-id", request_id.encode()))
+        tenant, key_id = self.config.anonymous_tenant, ""
+        ingress: IngressSpan | None = None
+        status = {"code": 0}
+        token = bind_context(RequestContext(request_id, tenant, key_id, ""))
+        try:
+            try:
+                check_headers(headers, self.config.limits)
+                check_model_path(scope.get("raw_path") or path.encode("utf-8"))
+                exempt = is_exempt(path, self.config.exempt_paths)
+                principal = None if exempt else self._authenticate(headers, path)
+                if principal is not None:
+                    tenant, key_id = principal.tenant, principal.key_id
+                    bind_context(RequestContext(request_id, tenant, key_id, ""))
+                body: bytes | None = None
+                llm_tokens = 0
+                if scope["method"] in _BODY_METHODS:
+                    body = await self._read_body(receive, headers)
+                    llm_tokens = self._check_body(path, headers, body)
+                if not exempt and self._rate_limited:
+                    self._rate_limit(tenant, llm_tokens)
+            except HeadroomError as exc:  # 408/413: the body was not read, so hang up after answering
+                status["code"] = exc.http_status
+                if self.refused is not None:
+                    self.refused.labels(tenant, exc.reason).inc()
+                close = isinstance(exc, RequestTimeout | PayloadTooLarge)
+                await send_error(send, exc, path, request_id, close=close)
+                return
+            except _ClientGone:
+                status["code"] = Cancelled.http_status
+                return
+            if self.tracer_provider is not None:
+                parent = parse_traceparent((header_value(headers, b"traceparent") or b"").decode("latin-1"))
+                attributes = {"http.request.method": str(scope["method"]), "url.path": path}
+                ingress = IngressSpan(
+                    self.tracer_provider, "ingress", parent, request_id, tenant, started_ns, attributes
+                )
+                headers = [(k, v) for k, v in headers if k != b"traceparent"]  # tracestate passes on as is
+                headers.append((b"traceparent", ingress.traceparent.encode()))
+                bind_context(RequestContext(request_id, tenant, key_id, ingress.traceparent))
+            state = {**scope.get("state", {}), "tenant": tenant, "key_id": key_id, "request_id": request_id}
+            inner_scope = {**scope, "headers": headers, "state": state}
+            try:
+                await self.app(
+                    inner_scope,
+                    replay_body(body, receive) if body is not None else receive,
+                    self._wrap_send(send, request_id, status, ingress),
+                )
+            except Exception:
+                status["code"] = status["code"] or 500
+                raise
+        finally:
+            duration_ms = (self.clock.now_s() - started_s) * 1e3
+            if self.config.access_log and access_log.isEnabledFor(logging.INFO):
+                access_log.info(
+                    "%s %s %d",
+                    scope["method"],
+                    path,
+                    status["code"],
+                    extra={
+                        "fields": {
+                            "method": scope["method"],
+                            "path": path,
+                            "status": status["code"],
+                            "tenant": tenant,
+                            "key_id": key_id,
+                            "request_id": request_id,
+                            "duration_ms": round(duration_ms, 3),
+                        }
+                    },
+                )
+            reset_context(token)
+
+    # -- steps -------------------------------------------------------------------------------------------
+    def _authenticate(self, headers: list[tuple[bytes, bytes]], path: str) -> Principal | None:
+        if not self.config.auth_enabled or self.keys is None:
+            return None
+        now_s = self.clock.now_s()
+        if now_s - self._keys_checked_s >= self.config.keys_reload_interval_s:
+            self._keys_checked_s = now_s
+            self.keys.reload_if_changed()
+        principal = self.keys.authenticate(presented_key(headers))
+        authorize(principal, required_role(path, self._admin))
+        return principal
+
+    async def _read_body(self, receive: Receive, headers: list[tuple[bytes, bytes]]) -> bytes:
+        limits = self.config.limits
+        check_content_length(header_value(headers, b"content-length"), limits)
+        chunks: list[bytes] = []
+        total = 0
+        started_s = self.clock.now_s()
+        while True:
+            timeout_s = body_deadline_s(limits, started_s, total) - self.clock.now_s()
+            if timeout_s <= 0:
+                raise _slow(limits, total)
+            try:
+                async with asyncio.timeout(None if timeout_s == float("inf") else timeout_s):  # no extra task
+                    message = await receive()
+            except TimeoutError:
+                raise _slow(limits, total) from None
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk: bytes = message.get("body", b"")
+            total += len(chunk)
+            if limits.max_body_bytes and total > limits.max_body_bytes:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limits.max_body_bytes} bytes")
+            if chunk:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _check_body(self, path: str, headers: list[tuple[bytes, bytes]], body: bytes) -> int:
+        limits = self.config.limits
+        header_len = header_value(headers, b"inference-header-content-length")
+        if header_len is not None:
+            if not header_len.isdigit():
+                raise InvalidRequest("Inference-Header-Content-Length must be an integer")
+            check_json_shape(body[: int(header_len)], limits)
+        elif (
+            path.startswith("/v1/")
+            or b"json" in (header_value(headers, b"content-type") or b"")
+            or path.endswith("/infer")
+        ):
+            check_json_shape(body, limits)
+        if path in LLM_PATHS:
+            return check_openai_body(path, body, limits)
+        if path in EMBEDDING_PATHS:
+            check_openai_body(path, body, limits)
+        return 0
+
+    def _rate_limit(self, tenant: str, llm_tokens: int) -> None:
+        decision = self.limiter.check(tenant, llm_tokens, self.clock.now_s())
+        if decision.allowed:
+            return
+        if decision.retry_after_s == float("inf"):
+            burst = self.limiter.config_for(tenant).llm_tokens.burst
+            raise InvalidRequest(
+                f"this request may use {llm_tokens} LLM tokens, more than tenant {tenant!r} can "
+                f"ever spend at once ({burst:.0f}); lower max_tokens or n, or shorten the prompt"
+            )
+        what = "requests" if decision.limit == "requests" else "LLM tokens"
+        raise RateLimited(
+            f"tenant {tenant!r} is over its {what} rate limit; retry after {decision.retry_after_s:.2f}s",
+            retry_after_s=decision.retry_after_s,
+        )
+
+    def _wrap_send(
+        self, send: Send, request_id: str, status: dict[str, int], ingress: IngressSpan | None
+    ) -> Send:
+        server_timing: list[bytes] = []
+
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = int(message["status"])
+                out = list(message.get("headers", []))
+                if header_value(out, b"x-request-id") is None:
+                    out.append((b"x-request-id", request_id.encode("latin-1")))
+                timing = header_value(out, b"server-timing")
+                if timing is not None:
+                    server_timing.append(timing)
+                message = {**message, "headers": out}
+            await send(message)
+            if (
+                ingress is not None
+                and message["type"] == "http.response.body"
+                and not message.get("more_body")
+            ):
+                _finish_span(ingress, server_timing, status["code"])
+
+        return wrapped
+
+
+def _finish_span(ingress: IngressSpan, server_timing: list[bytes], status_code: int) -> None:
+    timings = (
+        timings_from_server_timing(parse_server_timing(server_timing[0].decode("latin-1")))
+        if server_timing
+        else None
+    )
+    stages = stage_durations(timings) if timings is not None else []
+    ingress.finish(stages, time.time_ns(), timings.total_ms if timings is not None else None, status_code)
+
+
+def _slow(limits: InputLimits, received: int) -> RequestTimeout:
+    return RequestTimeout(
+        f"the request body arrived too slowly ({received} bytes so far): it must arrive within "
+        f"{limits.body_timeout_s:g}s and, after {limits.body_grace_s:g}s, at "
+        f"{limits.min_body_rate_bytes_per_s:g} bytes/s or more"
+    )
+
+
+__all__ = ["ASGIApp", "GatewayConfig", "GatewayMiddleware", "presented_key"]
