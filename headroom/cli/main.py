@@ -6,6 +6,8 @@ import typer
 
 from headroom.cli import bench, build_models, plan, profile, serve, sim
 from headroom.gateway import keys_cli
+from headroom.router import cli as router_cli
+from headroom.router import k8s
 
 app = typer.Typer(
     name="headroom",
@@ -21,6 +23,8 @@ app.add_typer(bench.app, name="bench")
 app.add_typer(plan.app, name="plan")
 app.add_typer(sim.app, name="sim")
 app.add_typer(keys_cli.app, name="keys")
+app.command("route")(router_cli.route)
+app.add_typer(k8s.deploy_app, name="deploy")
 
 
 def main() -> None:

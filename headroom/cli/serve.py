@@ -52,6 +52,8 @@ def serve(
     tls_keyfile: Path = typer.Option(None, help="PEM private key for --tls-certfile."),
     tls_client_ca_file: Path = typer.Option(None, help="PEM CA: require client certificates it signed (mTLS)."),
     trace_spans_file: Path = typer.Option(None, help="Write OpenTelemetry spans here as JSON lines."),
+    replicas: int = typer.Option(1, min=1, help="N > 1: a router (peak-EWMA, health checks, shedding) in front "
+                                 "of N replica processes; see `headroom route` for every router option."),
 ) -> None:
     """Serve every model in the repository over KServe V2 (HTTP + gRPC) and the OpenAI API.
 
@@ -60,6 +62,16 @@ def serve(
     import dataclasses
 
     import uvloop  # ships with uvicorn[standard]
+
+    if replicas > 1:
+        from headroom.router import cli as router_cli
+        from headroom.router.config import ProxyConfig
+        from headroom.router.replicas import ReplicaManagerConfig
+
+        command = router_cli.serve_command(model_repository, model, drain_timeout_s)
+        uvloop.run(router_cli.run_cluster(command, replicas, ProxyConfig(), ReplicaManagerConfig(), host, http_port,
+                                          grpc_port=grpc_port))
+        return
 
     from headroom.gateway.app import exposure_warning, gateway_setup
     from headroom.gateway.context import install_log_context

@@ -1,0 +1,444 @@
+"""The router process: an asyncio HTTP reverse proxy in front of N replicas, driven by the pure policies.
+
+Per request: coordinated shedding (503 + Retry-After without touching a replica) -> optional adaptive
+concurrency limit -> `choose` a replica -> send over a pooled keep-alive `httpx.AsyncClient` -> optionally
+hedge to a second replica after the p95 of recent latency (budgeted, the loser is cancelled) -> retry
+never-started attempts elsewhere under the retry budget -> pass the answer through (small bodies buffered,
+SSE and large bodies streamed). A background task checks `GET /v2/health/ready` on every replica; results
+and every finished attempt feed `headroom.router.health`. `GET /router/stats` reports counters as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Collection, Sequence
+
+import httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from headroom.core.clock import Clock, MonotonicClock
+from headroom.core.errors import Cancelled, DeadlineExceeded, HeadroomError, NotReady, Overloaded
+from headroom.router import degrade, tail
+from headroom.router import health as hp
+from headroom.router.canary import CanaryTracker
+from headroom.router.config import ProxyConfig
+from headroom.router.policies import choose
+from headroom.router.request_keys import request_key
+from headroom.router.snapshot import ReplicaSnapshot, RouterState, routable
+from headroom.router.upstream import HOP_BY_HOP, Attempt, ReplicaRuntime, Upstream
+from headroom.router.wire import Outgoing, UpstreamFailed, disconnected, json_error
+
+__all__ = ["ProxyConfig", "Router", "UpstreamFailed"]
+
+log = logging.getLogger("headroom.router")
+
+
+class Router:
+    """Owns the replica table, the policy states, the pooled client and the health-check task."""
+
+    def __init__(self, upstreams: Sequence[Upstream], config: ProxyConfig | None = None,
+                 clock: Clock | None = None, rng: random.Random | None = None) -> None:
+        self.config = config or ProxyConfig()
+        self.clock = clock or MonotonicClock()
+        self.rng = rng or random.Random()
+        self.replicas: dict[str, ReplicaRuntime] = {}
+        self.health = hp.HealthState()
+        self.route_state = RouterState()
+        self.retry_state = self.config.retry_budget.fresh(self.clock.now_s())
+        self.hedge_state = self.config.hedge_budget.fresh(self.clock.now_s())
+        self.latencies = tail.LatencyWindow()
+        self.vegas = tail.vegas_initial(self.config.vegas)
+        self.inflight = 0
+        self.canary = (CanaryTracker(self.config.canary_version, self.config.canary, self.clock.now_s())
+                       if self.config.canary_version else None)
+        self.counters = dict.fromkeys(("requests", "shed", "limited", "retries", "retries_denied", "hedges",
+                                       "hedge_wins", "no_replica", "upstream_failed", "degraded",
+                                       "cancelled"), 0)
+        self._client: httpx.AsyncClient | None = None
+        self._checker: asyncio.Task[None] | None = None
+        self._wake_checker = asyncio.Event()
+        self.set_upstreams(upstreams)
+        self.app = Starlette(routes=[Route("/router/stats", self._stats, methods=["GET"]),
+                                     Route("/{path:path}", self.handle, methods=[
+                                         "GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])],
+                             lifespan=self._lifespan)
+
+    # ---------------------------------------------------------------------------------------- lifecycle
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.close()
+
+    async def start(self) -> None:
+        c = self.config
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(c.request_timeout_s, connect=c.connect_timeout_s),
+            limits=httpx.Limits(max_connections=c.max_connections, max_keepalive_connections=c.max_connections,
+                                keepalive_expiry=c.keepalive_expiry_s))
+        self._checker = asyncio.create_task(self._check_loop(), name="router-health-checks")
+
+    async def close(self) -> None:
+        if self._checker is not None:
+            self._checker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checker
+            self._checker = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def set_upstreams(self, upstreams: Sequence[Upstream]) -> None:
+        """Replace the replica set (replica manager / autoscaler). New replicas start not ready."""
+        wanted = {u.replica_id: u for u in upstreams}
+        for rid in list(self.replicas):
+            if rid not in wanted:
+                del self.replicas[rid]
+                self.health = self.health.without(rid)
+        for rid, u in wanted.items():
+            if rid in self.replicas:
+                self.replicas[rid].upstream = u
+            else:
+                self.replicas[rid] = ReplicaRuntime(u)
+        self._wake_checker.set()
+
+    # -------------------------------------------------------------------------------------- health checks
+
+    async def check_once(self) -> None:
+        """Probe every replica's readiness once, concurrently."""
+        client = self._client
+        if client is None:
+            return
+        runtimes = list(self.replicas.values())
+
+        async def probe(rt: ReplicaRuntime) -> bool:
+            try:
+                r = await client.get(rt.upstream.base_url + "/v2/health/ready", timeout=self.config.check_timeout_s)
+                return r.status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        results = await asyncio.gather(*(probe(rt) for rt in runtimes))
+        now = self.clock.now_s()
+        for rt, ok in zip(runtimes, results, strict=True):
+            if rt.upstream.replica_id not in self.replicas:
+                continue  # removed while probing
+            event, self.health = hp.record_check(self.health, rt.upstream.replica_id, ok, now, self.config.health)
+            if event is not None:
+                log.info("replica %s is %s", event.replica_id, event.kind.replace("_", " "))
+
+    async def _check_loop(self) -> None:
+        while True:
+            self._wake_checker.clear()
+            await self.check_once()
+            if self.canary is not None:
+                self.canary.evaluate(self.clock.now_s())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake_checker.wait(), self.config.check_interval_s)
+
+    # ------------------------------------------------------------------------------------------ routing
+
+    def snapshots(self) -> tuple[ReplicaSnapshot, ...]:
+        return hp.apply([rt.snapshot() for rt in self.replicas.values()], self.health)
+
+    def _record(self, attempt: Attempt, latency_s: float | None = None) -> None:
+        if attempt.recorded:
+            return
+        attempt.recorded = True
+        failed = attempt.failed
+        if latency_s is None:
+            latency_s = attempt.finish()
+        if attempt.replica.upstream.replica_id not in self.replicas:
+            return  # removed (drained) while this request was in flight
+        event, self.health = hp.record_result(self.health, attempt.replica.upstream.replica_id, failed,
+                                              self.clock.now_s(), self.config.health)
+        if event is not None:
+            log.warning("replica %s %s (until %.1f)", event.replica_id, event.kind, event.until_s)
+        if attempt.outcome == "ok":
+            self.latencies = self.latencies.add(latency_s)
+        if self.canary is not None and attempt.arm and not tail.retryable(attempt.outcome):
+            self.canary.record(attempt.arm, failed, latency_s)
+
+    async def _drop(self, attempt: Attempt) -> None:
+        """Close a failed attempt's response (if any) and fold its outcome into health."""
+        if attempt.response is not None:
+            await attempt.response.aclose()
+        self._record(attempt)
+
+    def _arm(self) -> str:
+        """Draw this request's rollout arm; an arm without a routable replica yields to the other."""
+        if self.canary is None:
+            return ""
+        arm = self.canary.pick(self.rng)
+        now = self.clock.now_s()
+        if not any(self.canary.in_arm(arm, s.version) for s in routable(self.snapshots(), now)):
+            arm = "baseline" if arm == "canary" else "canary"
+        return arm
+
+    def _pick(self, key: str | None, exclude: set[str], arm: str = "") -> ReplicaRuntime | None:
+        snaps = [s for s in self.snapshots() if s.replica_id not in exclude
+                 and (self.canary is None or not arm or self.canary.in_arm(arm, s.version))]
+        decision, self.route_state = choose(self.config.policy, snaps, key, self.route_state,
+                                            self.clock.now_s(), self.rng, self.config.routing)
+        return None if decision.replica_id is None else self.replicas[decision.replica_id]
+
+    # ------------------------------------------------------------------- for other transports (gRPC)
+
+    def pick(self, key: str | None = None, exclude: Collection[str] = ()) -> ReplicaRuntime | None:
+        """Choose a replica with the configured policy; None when no replica is routable."""
+        return self._pick(key, set(exclude), self._arm())
+
+    def admit(self) -> tail.ShedDecision:
+        """The shedding decision for one new request (always admits when shedding is off)."""
+        snaps = self.snapshots()
+        undispatched = self.inflight - sum(s.outstanding for s in snaps)
+        d = tail.shed(snaps, self.clock.now_s(), self.rng, self.config.shed, undispatched)
+        self.counters["requests"] += 1
+        if not self.config.shedding:
+            return tail.ShedDecision(False, d.fraction, d.utilisation, d.retry_after_s)
+        self.counters["shed"] += d.reject
+        return d
+
+    def observe(self, rt: ReplicaRuntime, failed: bool, latency_s: float) -> None:
+        """Fold one finished call on `rt` (already released from `outstanding`) into latency and health."""
+        now = self.clock.now_s()
+        rt.observe_latency(latency_s, now)
+        rt.failures += failed
+        if rt.upstream.replica_id not in self.replicas:
+            return
+        event, self.health = hp.record_result(self.health, rt.upstream.replica_id, failed, now,
+                                              self.config.health)
+        if event is not None:
+            log.warning("replica %s %s (until %.1f)", event.replica_id, event.kind, event.until_s)
+        if not failed:
+            self.latencies = self.latencies.add(latency_s)
+
+    def _require_client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise RuntimeError("Router.start() must run before requests are proxied (use the app's lifespan)")
+        return self._client
+
+    def _build(self, rt: ReplicaRuntime, out: Outgoing) -> httpx.Request:
+        return self._require_client().build_request(out.method, rt.upstream.base_url + out.path_and_query,
+                                                    headers=list(out.headers), content=out.body)
+
+    async def _race(self, first: Attempt, out: Outgoing, key: str | None,
+                    tried: set[str]) -> Attempt:
+        """Run `first`; after the hedge delay, maybe send a backup; return the winning attempt.
+
+        Whatever is still running when this returns or is cancelled (client gone) is cancelled, which
+        closes its connection so the replica drops the work, and its outstanding slot is released.
+        """
+        client = self._require_client()
+        tasks: dict[asyncio.Task[Attempt], Attempt] = {}
+        tasks[asyncio.create_task(first.run(client, self._build(first.replica, out)))] = first
+        winner: Attempt | None = None
+        try:
+            winner = await self._hedged(first, tasks, out, key, tried)
+            return winner
+        finally:
+            for t, attempt in tasks.items():
+                if attempt is winner:
+                    continue
+                if not t.done():
+                    t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await t
+                await attempt.discard()  # idempotent: releases the slot of losers and abandoned attempts
+
+    async def _hedged(self, first: Attempt, tasks: dict[asyncio.Task[Attempt], Attempt], out: Outgoing,
+                      key: str | None, tried: set[str]) -> Attempt:
+        (primary,) = tasks
+        delay = tail.hedge_delay_s(self.latencies, self.config.hedge) if self.config.hedging else None
+        if delay is None:
+            return await primary
+        done, _ = await asyncio.wait({primary}, timeout=delay)
+        if done:
+            return primary.result()
+        backup_rt = self._pick(key, tried, first.arm)
+        if backup_rt is None:
+            return await primary
+        allowed, self.hedge_state = tail.budget_withdraw(self.hedge_state, self.clock.now_s(),
+                                                         self.config.hedge_budget)
+        if not allowed:
+            return await primary
+        self.counters["hedges"] += 1
+        tried.add(backup_rt.upstream.replica_id)
+        second = Attempt(backup_rt, self.clock, hedge=True, arm=first.arm)
+        tasks[asyncio.create_task(second.run(self._require_client(), self._build(backup_rt, out)))] = second
+        pending: set[asyncio.Task[Attempt]] = set(tasks)
+        winner: Attempt = first
+        decided = False
+        while pending and not decided:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            # a usable answer wins; when nothing is left running, the last result is the answer
+            results = sorted((t.result() for t in done), key=lambda a: a.outcome != "ok")
+            for a in results:
+                if not decided and (a.outcome == "ok" or (not pending and a is results[-1])):
+                    winner, decided = a, True
+                elif a.outcome == "ok":
+                    await a.discard()  # both answered at once: keep one
+                else:
+                    await self._drop(a)  # an error while the other copy may still answer
+        if winner is second:
+            self.counters["hedge_wins"] += 1
+        return winner
+
+    # ----------------------------------------------------------------------------------------- handling
+
+    async def handle(self, request: Request) -> Response:
+        if request.url.path == "/v2/health/live":
+            return Response(status_code=200)
+        if request.url.path == "/v2/health/ready":
+            ready = any(s.ready for s in self.snapshots())
+            return Response(status_code=200 if ready else 503)
+        try:
+            return await self._proxy(request)
+        except HeadroomError as exc:
+            return json_error(exc)
+
+    async def _proxy(self, request: Request) -> Response:
+        c = self.config
+        body = await request.body()
+        if len(body) > c.max_body_bytes:
+            return Response(orjson.dumps({"error": f"body of {len(body)} bytes exceeds {c.max_body_bytes}",
+                                          "reason": "payload_too_large"}), 413, media_type="application/json")
+        now = self.clock.now_s()
+        self.counters["requests"] += 1
+        snaps = self.snapshots()
+        undispatched = self.inflight - sum(s.outstanding for s in snaps)  # admitted, no replica picked yet
+        d = tail.shed(snaps, now, self.rng, c.shed, undispatched)
+        if c.shedding and d.reject:
+            self.counters["shed"] += 1
+            raise Overloaded(f"all replicas are {d.utilisation:.0%} busy; shedding {d.fraction:.0%} of "
+                             "new requests, retry later", retry_after_s=d.retry_after_s)
+        if c.adaptive_concurrency and self.inflight >= self.vegas.effective_limit(c.vegas):
+            self.counters["limited"] += 1
+            raise Overloaded(f"concurrency limit {self.vegas.effective_limit(c.vegas)} reached; retry later",
+                             retry_after_s=1.0)
+        self.retry_state = tail.budget_deposit(self.retry_state, now, c.retry_budget)
+        self.hedge_state = tail.budget_deposit(self.hedge_state, now, c.hedge_budget)
+        key = request_key(c.policy, request.headers, body, c.affinity_header)
+        out = self._outgoing(request, body, d.utilisation)
+        self.inflight += 1
+        inflight_at_start = self.inflight
+        work = asyncio.create_task(self._attempts(out, key))
+        gone = asyncio.create_task(disconnected(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():  # the client went away: stop the replica's work too
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+                self.counters["cancelled"] += 1
+                raise Cancelled("the client disconnected")
+            winner = work.result()
+        finally:
+            gone.cancel()
+            self.inflight -= 1
+        return self._respond(winner, inflight_at_start, out.degraded_to)
+
+    def _outgoing(self, request: Request, body: bytes, utilisation: float) -> Outgoing:
+        path, degraded_to = request.url.path, ""
+        fallbacks = self.config.degrade.fallbacks
+        if fallbacks and utilisation >= self.config.degrade.start_utilisation:
+            rewritten = degrade.rewrite(path, body, fallbacks)
+            if rewritten is not None:
+                path, body, degraded_to = rewritten
+                self.counters["degraded"] += 1
+        query = f"?{request.url.query}" if request.url.query else ""
+        headers = tuple((k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP)
+        return Outgoing(request.method, path + query, headers, body, degraded_to)
+
+    async def _attempts(self, out: Outgoing, key: str | None) -> Attempt:
+        tried: set[str] = set()
+        last: Attempt | None = None
+        arm = self._arm()
+        for attempt_no in range(self.config.max_attempts):
+            rt = self._pick(key, tried, arm)
+            if rt is None:
+                break
+            if attempt_no > 0:
+                allowed, self.retry_state = tail.budget_withdraw(self.retry_state, self.clock.now_s(),
+                                                                 self.config.retry_budget)
+                if not allowed:
+                    self.counters["retries_denied"] += 1
+                    break
+                self.counters["retries"] += 1
+            tried.add(rt.upstream.replica_id)
+            last = await self._race(Attempt(rt, self.clock, arm=arm), out, key, tried)
+            if not tail.retryable(last.outcome):
+                return last
+            await self._drop(last)
+        if last is None:
+            self.counters["no_replica"] += 1
+            raise NotReady("no replica is ready (loading, warming, draining or ejected); retry later",
+                           retry_after_s=1.0)
+        if last.outcome == "connect_error":
+            self.counters["upstream_failed"] += 1
+            raise NotReady(f"could not reach a replica (last tried {last.replica.upstream.replica_id}); "
+                           "retry later", retry_after_s=1.0)
+        return last  # a not_ready 503 from the replica: pass it through
+
+    def _respond(self, a: Attempt, inflight_at_start: int, degraded_to: str = "") -> Response:
+        rid = a.replica.upstream.replica_id
+        if a.response is None or a.outcome in ("timeout", "connection_lost"):
+            self._record(a)
+            self.counters["upstream_failed"] += 1
+            if a.outcome == "timeout":
+                raise DeadlineExceeded(f"replica {rid} did not answer within {self.config.request_timeout_s} s")
+            raise UpstreamFailed(f"replica {rid} failed mid-request ({a.outcome}); the request may have run")
+        resp = a.response
+        headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers["x-headroom-replica"] = rid
+        if degraded_to:
+            headers["x-headroom-degraded-to"] = degraded_to
+        if a.body is not None:
+            latency = a.finish()
+            self._record(a, latency)
+            self._feed_limiter(latency, inflight_at_start, a.outcome == "overloaded")
+            return Response(a.body, resp.status_code, headers)
+
+        async def stream() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in resp.aiter_raw():
+                    yield chunk
+            except httpx.TransportError:
+                a.outcome = "connection_lost"  # the replica broke the stream: counts against it
+                raise
+            except (asyncio.CancelledError, GeneratorExit):
+                a.outcome = "cancelled"  # the client went away: not the replica's fault
+                raise
+            finally:
+                await resp.aclose()
+                latency = a.finish(record_latency=a.outcome != "cancelled")
+                self._record(a, latency)
+                self._feed_limiter(latency, inflight_at_start, False)
+
+        return StreamingResponse(stream(), resp.status_code, headers)
+
+    def _feed_limiter(self, latency_s: float, inflight: int, dropped: bool) -> None:
+        if self.config.adaptive_concurrency and latency_s > 0:
+            self.vegas = tail.vegas_update(self.vegas, latency_s, inflight, dropped, self.config.vegas)
+
+    async def _stats(self, request: Request) -> Response:
+        now = self.clock.now_s()
+        reps = [{"id": s.replica_id, "url": self.replicas[s.replica_id].upstream.base_url, "ready": s.ready,
+                 "ejected": s.ejected(now), "outstanding": s.outstanding,
+                 "ewma_latency_ms": s.ewma_latency_s * 1e3, "requests": self.replicas[s.replica_id].requests,
+                 "failures": self.replicas[s.replica_id].failures} for s in self.snapshots()]
+        canary = None if self.canary is None else {"version": self.canary.canary_version,
+                                                     "weight": self.canary.weight, "phase": self.canary.state.phase}
+        return Response(orjson.dumps({"counters": self.counters, "replicas": reps, "inflight": self.inflight,
+                                      "concurrency_limit": self.vegas.effective_limit(self.config.vegas),
+                                      "canary": canary}), media_type="application/json")

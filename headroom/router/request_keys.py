@@ -1,0 +1,48 @@
+"""Which key a request routes by: a session header or the OpenAI `user` field (affinity), the prompt (prefix)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import orjson
+
+#: Bodies larger than this are not parsed for a routing key (route them by load instead).
+MAX_KEY_BODY_BYTES = 1024 * 1024
+
+
+def _json(body: bytes) -> dict[str, object] | None:
+    if not body or len(body) > MAX_KEY_BODY_BYTES or body[:1] not in (b"{", b" ", b"\n"):
+        return None
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _prompt_text(doc: Mapping[str, object]) -> str | None:
+    prompt = doc.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        return ",".join(str(p) for p in prompt) if all(isinstance(p, int) for p in prompt) else str(prompt[0])
+    messages = doc.get("messages")
+    if isinstance(messages, list):
+        parts = [str(m.get("content", "")) for m in messages if isinstance(m, dict)]
+        return "\n".join(parts) if parts else None
+    return None
+
+
+def request_key(policy: str, headers: Mapping[str, str], body: bytes, affinity_header: str) -> str | None:
+    """The key `choose` needs for `policy`, or None (other policies, or nothing to key on)."""
+    if policy == "affinity":
+        header = headers.get(affinity_header)
+        if header:
+            return header
+        doc = _json(body)
+        user = doc.get("user") if doc else None
+        return user if isinstance(user, str) and user else None
+    if policy == "prefix":
+        doc = _json(body)
+        return _prompt_text(doc) if doc else None
+    return None

@@ -1,0 +1,45 @@
+"""Small pieces of the proxy's HTTP edge: the outgoing request, disconnect watching, error responses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from headroom.core.errors import HeadroomError
+
+
+class UpstreamFailed(HeadroomError):
+    """The replica failed after the request may have started; it is not retried (it might have run)."""
+
+    http_status = 502
+    grpc_code = "UNAVAILABLE"
+    reason = "upstream_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """What is sent to a replica (the same for every attempt of one request)."""
+
+    method: str  # HTTP method
+    path_and_query: str  # e.g. "/v2/models/m/infer?x=1" (the model may be a fallback's)
+    headers: tuple[tuple[str, str], ...]  # end-to-end request headers
+    body: bytes  # the request body (possibly rewritten for a fallback model)
+    degraded_to: str = ""  # the fallback model serving this request, "" if none
+
+
+async def disconnected(request: Request) -> None:
+    """Resolves when the client disconnects (the body has been read, so the next message is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def json_error(exc: HeadroomError) -> Response:
+    headers = {}
+    if exc.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    return Response(orjson.dumps(exc.to_json()), exc.http_status, headers, media_type="application/json")

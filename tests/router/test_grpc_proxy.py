@@ -1,0 +1,132 @@
+"""The router's gRPC side against real grpc.aio V2 servers (headroom.protocol.grpc_service) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import grpc
+import grpc.aio
+import numpy as np
+import pytest
+
+from headroom.core.dataplane import DisconnectWatcher, ModelMetadata, ServerMetadata, TensorMetadata
+from headroom.core.types import InferenceRequest, InferenceResponse, Tensor
+from headroom.protocol.generated import headroom_inference_pb2 as pb
+from headroom.protocol.grpc_service import bind_grpc_server, stop_grpc_server
+from headroom.router import health as hp
+from headroom.router.grpc_proxy import SERVICE_NAME, GrpcProxy
+from headroom.router.proxy import ProxyConfig, Router
+from headroom.router.upstream import Upstream
+
+
+class EchoPlane:
+    """A data plane that echoes its input and names itself in the model version."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls = 0
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return True
+
+    def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata("headroom", "test", ())
+
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+        spec = (TensorMetadata("x", "FP32", (-1,)),)
+        return ModelMetadata(name, (self.name,), "python", spec, spec)
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return True
+
+    async def infer(self, request: InferenceRequest,
+                    disconnected: DisconnectWatcher | None = None) -> InferenceResponse:
+        self.calls += 1
+        t = request.inputs[0]
+        return InferenceResponse(request.request_id, request.model_name, self.name,
+                                 (Tensor("y", t.datatype, t.shape, t.data),))
+
+
+@contextlib.asynccontextmanager
+async def grpc_fleet(n: int) -> AsyncIterator[tuple[Router, list[tuple[EchoPlane, grpc.aio.Server]], str]]:
+    planes = [EchoPlane(f"r{i}") for i in range(n)]
+    servers = [await bind_grpc_server(p, "127.0.0.1", 0) for p in planes]
+    router = Router([Upstream(p.name, "http://127.0.0.1:1", grpc_target=f"127.0.0.1:{port}")
+                     for p, (_, port) in zip(planes, servers, strict=True)],
+                    ProxyConfig(policy="round_robin"), rng=random.Random(0))
+    for p in planes:  # readiness as the HTTP checker would report it
+        _, router.health = hp.record_check(router.health, p.name, True, 0.0, router.config.health)
+    proxy = GrpcProxy(router)
+    port = await proxy.start("127.0.0.1", 0)
+    try:
+        yield router, [(p, s) for p, (s, _) in zip(planes, servers, strict=True)], f"127.0.0.1:{port}"
+    finally:
+        await proxy.close()
+        for s, _ in servers:
+            await stop_grpc_server(s, 0.1)
+
+
+def _infer_request(i: int) -> bytes:
+    req = pb.ModelInferRequest(model_name="echo", id=f"q{i}")
+    t = req.inputs.add(name="x", datatype="FP32", shape=[3])
+    t.contents.fp32_contents.extend([1.0, 2.0, float(i)])
+    return bytes(req.SerializeToString())
+
+
+async def _infer(channel: grpc.aio.Channel, i: int) -> pb.ModelInferResponse:
+    call = channel.unary_unary(f"/{SERVICE_NAME}/ModelInfer")
+    raw: bytes = await call(_infer_request(i), timeout=5.0)
+    answer: pb.ModelInferResponse = pb.ModelInferResponse.FromString(raw)
+    return answer
+
+
+async def test_unary_rpcs_are_balanced_across_replicas_and_answers_pass_through() -> None:
+    async with grpc_fleet(2) as (router, _planes, target), grpc.aio.insecure_channel(target) as ch:
+        answers = [await _infer(ch, i) for i in range(6)]
+        assert Counter(a.model_version for a in answers) == Counter({"r0": 3, "r1": 3})
+        out = np.frombuffer(answers[5].raw_output_contents[0], dtype=np.float32)
+        assert out.tolist() == [1.0, 2.0, 5.0] and answers[5].id == "q5"
+        ready = pb.ServerReadyResponse.FromString(
+            await ch.unary_unary(f"/{SERVICE_NAME}/ServerReady")(pb.ServerReadyRequest().SerializeToString()))
+        assert ready.ready
+        assert all(rt.outstanding == 0 for rt in router.replicas.values())
+
+
+async def test_a_dead_replica_is_skipped_by_retrying_never_started_calls() -> None:
+    async with grpc_fleet(2) as (router, planes, target), grpc.aio.insecure_channel(target) as ch:
+        await stop_grpc_server(planes[0][1], 0.0)  # r0 is gone; the router has not noticed
+        answers = [await _infer(ch, i) for i in range(6)]
+        assert {a.model_version for a in answers} == {"r1"}
+        assert router.counters["retries"] >= 1
+
+
+async def test_errors_from_a_replica_keep_their_status() -> None:
+    async with grpc_fleet(1) as (_, _planes, target), grpc.aio.insecure_channel(target) as ch:
+        bad = pb.ModelInferRequest(model_name="echo").SerializeToString()  # no inputs
+        try:
+            await ch.unary_unary(f"/{SERVICE_NAME}/ModelInfer")(bad, timeout=5.0)
+        except grpc.aio.AioRpcError as err:
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        else:
+            raise AssertionError("an empty ModelInfer must fail")
+
+
+async def test_stream_calls_are_relayed_with_the_replicas_status() -> None:
+    """headroom's server does not implement ModelStreamInfer: the proxy relays that status unchanged."""
+    async with grpc_fleet(2) as (router, _planes, target), grpc.aio.insecure_channel(target) as ch:
+        call = ch.stream_stream(f"/{SERVICE_NAME}/ModelStreamInfer")()
+        await call.write(_infer_request(0))
+        await call.done_writing()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            _ = [r async for r in call]
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "ModelStreamInfer" in (info.value.details() or "")
+        await asyncio.sleep(0.05)
+        assert all(rt.outstanding == 0 for rt in router.replicas.values())
