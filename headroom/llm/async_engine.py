@@ -1,0 +1,189 @@
+"""`AsyncLLMEngine`: the step loop in one background thread, per-request async output streams.
+
+The event loop never runs model code: `generate()` sends an "add" command to the engine thread and awaits
+the admission verdict (InvalidRequest / RateLimited surface there), then yields `SequenceOutput`s pushed
+back with `call_soon_threadsafe`. Leaving the stream early (client disconnect, cancellation) sends an
+"abort" command, which frees the request's blocks before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import queue
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from headroom.core.errors import HeadroomError, NotReady
+from headroom.llm.engine import LLMEngine
+from headroom.llm.request import SamplingParams, SequenceOutput
+
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    """Admit a request (answered through `admitted`)."""
+
+    request_id: str  # user-visible id
+    prompt_token_ids: tuple[int, ...]  # prompt
+    params: SamplingParams  # sampling
+    priority: int  # lower = sooner
+    stream: asyncio.Queue[SequenceOutput | BaseException]  # where outputs go
+    admitted: asyncio.Future[None]  # resolved (or failed) once admission is decided
+    loop: asyncio.AbstractEventLoop  # the loop owning stream and admitted
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    """Abort a request if still running."""
+
+    request_id: str  # user-visible id
+
+
+class AsyncLLMEngine:
+    """Owns an LLMEngine and the thread that steps it."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[SequenceOutput | BaseException]]] = {}
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._error: BaseException | None = None
+        self._ids = itertools.count()
+
+    # --- lifecycle --------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Stop the loop thread; every open stream ends with NotReady."""
+        self._stopping.set()
+        self._commands.put(None)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+
+    @property
+    def healthy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._error is None
+
+    # --- the public API ---------------------------------------------------------------------------------
+    def new_request_id(self, prefix: str = "req") -> str:
+        return f"{prefix}-{next(self._ids)}"
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        priority: int = 0,
+    ) -> AsyncIterator[SequenceOutput]:
+        """Admit (raising InvalidRequest / RateLimited / NotReady) and return the output stream."""
+        if not self.healthy:
+            raise NotReady(f"the LLM engine is not running ({self._error or 'stopped'})")
+        loop = asyncio.get_running_loop()
+        stream: asyncio.Queue[SequenceOutput | BaseException] = asyncio.Queue()
+        admitted: asyncio.Future[None] = loop.create_future()
+        self._commands.put(_Add(request_id, tuple(prompt_token_ids), params, priority, stream, admitted, loop))
+        try:
+            await admitted
+        except asyncio.CancelledError:
+            self._commands.put(_Abort(request_id))
+            raise
+        return self._iterate(request_id, params.n, stream)
+
+    async def _iterate(
+        self, request_id: str, n: int, stream: asyncio.Queue[SequenceOutput | BaseException]
+    ) -> AsyncIterator[SequenceOutput]:
+        remaining = n
+        try:
+            while remaining:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finished:
+                    remaining -= 1
+                yield item
+        finally:
+            if remaining:
+                self._commands.put(_Abort(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        self._commands.put(_Abort(request_id))
+
+    # --- the engine thread ------------------------------------------------------------------------------
+    def _handle(self, cmd: _Add | _Abort) -> None:
+        if isinstance(cmd, _Abort):
+            for out in self.engine.abort(cmd.request_id):
+                self._deliver(out)
+            self._streams.pop(cmd.request_id, None)
+            return
+        try:
+            self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, cmd.priority)
+        except Exception as exc:  # admission errors go back to the caller
+            cmd.loop.call_soon_threadsafe(_set_exception, cmd.admitted, exc)
+            return
+        self._streams[cmd.request_id] = (cmd.loop, cmd.stream)
+        cmd.loop.call_soon_threadsafe(_set_result, cmd.admitted)
+
+    def _deliver(self, out: SequenceOutput) -> None:
+        target = self._streams.get(out.parent_id)
+        if target is None:
+            return
+        loop, stream = target
+        with contextlib.suppress(RuntimeError):  # the loop closed under us: nobody listens any more
+            loop.call_soon_threadsafe(stream.put_nowait, out)
+        if out.finished and not self.engine.has_request(out.parent_id):
+            self._streams.pop(out.parent_id, None)
+
+    def _run(self) -> None:
+        if self.engine.config.num_threads > 0:  # OpenMP thread counts are per calling thread: set it here too
+            torch.set_num_threads(self.engine.config.num_threads)
+        try:
+            while not self._stopping.is_set():
+                block = not self.engine.has_unfinished
+                try:
+                    cmd = self._commands.get(block=block)
+                except queue.Empty:
+                    cmd = None
+                    block = False
+                while cmd is not None:
+                    self._handle(cmd)
+                    try:
+                        cmd = self._commands.get_nowait()
+                    except queue.Empty:
+                        cmd = None
+                if self._stopping.is_set():
+                    break
+                if self.engine.has_unfinished:
+                    for out in self.engine.step():
+                        self._deliver(out)
+        except BaseException as exc:  # a model failure: fail every stream, refuse new work
+            self._error = exc
+        finally:
+            err: BaseException = (
+                HeadroomError(f"LLM engine failed: {self._error}") if self._error else NotReady("LLM engine stopped")
+            )
+            for loop, stream in list(self._streams.values()):
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(stream.put_nowait, err)
+            self._streams.clear()
+            for req_id in self.engine.request_ids():
+                self.engine.abort(req_id)
+
+
+def _set_result(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _set_exception(fut: asyncio.Future[None], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

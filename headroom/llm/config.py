@@ -1,0 +1,126 @@
+"""Configuration of the LLM engine: the decoder architecture and the engine's scheduling/cache settings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderConfig:
+    """A Llama-family decoder (Llama, SmolLM2, Qwen2): RMSNorm, RoPE, grouped-query attention, SwiGLU."""
+
+    vocab_size: int  # rows of the embedding / logits columns
+    hidden_size: int  # model width
+    intermediate_size: int  # SwiGLU inner width
+    num_hidden_layers: int  # decoder blocks
+    num_attention_heads: int  # query heads
+    num_key_value_heads: int  # key/value heads (< query heads = grouped-query attention)
+    max_position_embeddings: int  # context length in tokens
+    rms_norm_eps: float = 1e-5  # RMSNorm epsilon
+    rope_theta: float = 10000.0  # RoPE base frequency
+    tie_word_embeddings: bool = False  # logits reuse the embedding matrix
+    attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+    head_dim: int = 0  # per-head width; 0 = hidden_size // num_attention_heads
+
+    @property
+    def head_dim_resolved(self) -> int:
+        """The per-head width actually used."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    def validate(self) -> None:
+        """Raise ValueError for an impossible architecture."""
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if min(self.vocab_size, self.hidden_size, self.num_hidden_layers, self.intermediate_size) < 1:
+            raise ValueError("vocab_size, hidden_size, intermediate_size, num_hidden_layers must be >= 1")
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-JSON form (stored next to converted weights)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> DecoderConfig:
+        """Read our own JSON form or a Hugging Face `config.json` (extra keys ignored)."""
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in raw.items() if k in known and v is not None}
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        if isinstance(rope, Mapping):
+            if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+                raise ValueError(f"RoPE scaling {rope!r} is not supported (only plain RoPE)")
+            if "rope_theta" not in kwargs and rope.get("rope_theta") is not None:
+                kwargs["rope_theta"] = rope["rope_theta"]
+        if "num_key_value_heads" not in kwargs and "num_attention_heads" in kwargs:
+            kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]
+        if "attention_bias" not in kwargs and raw.get("model_type") == "qwen2":
+            kwargs["attention_bias"] = True
+        cfg = cls(**kwargs)
+        cfg.validate()
+        return cfg
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Settings of the engine; every key can be given under `parameters:` of a model's config.yaml."""
+
+    block_size_tokens: int = 16  # tokens per KV-cache block
+    kv_cache_memory_mb: float = 256.0  # memory budget the block pool is preallocated from
+    max_num_seqs: int = 32  # most sequences in one step
+    max_num_batched_tokens: int = 512  # per-step token budget (prefill chunks + decodes)
+    max_waiting_requests: int = 256  # bounded waiting queue; beyond it admission fails (HTTP 429)
+    enable_prefix_caching: bool = True  # reuse full blocks across requests by chained content hash
+    enable_chunked_prefill: bool = True  # split long prompts across steps, mixed with decodes
+    max_model_len: int = 0  # context limit in tokens; 0 = the model's max_position_embeddings
+    device: str = "cpu"  # "cpu" | "cuda" | "auto" (cuda when available)
+    dtype: str = "auto"  # "auto" (fp32 on cpu, bf16 on cuda) | "float32" | "bfloat16" | "float16"
+    num_threads: int = 0  # torch intra-op threads on CPU; 0 = leave torch's default
+    swap_space_mb: float = 0.0  # host memory for swap preemption; 0 = preempt by recompute only
+    speculative_ngram_tokens: int = 0  # prompt-lookup speculative decoding: draft length; 0 = off
+    retry_after_s: float = 1.0  # Retry-After hint when the waiting queue is full
+    request_timeout_s: float = 0.0  # OpenAI requests running longer are aborted with 504; 0 = no deadline
+    seed: int = 0  # seed for requests that name none (sampling stays reproducible per engine)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad key and what would fix it."""
+        if self.block_size_tokens < 1:
+            raise ValueError("block_size_tokens must be >= 1 (16 is usual)")
+        if self.kv_cache_memory_mb <= 0:
+            raise ValueError("kv_cache_memory_mb must be > 0")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.max_waiting_requests < 1:
+            raise ValueError("max_waiting_requests must be >= 1")
+        if self.device not in ("cpu", "cuda", "auto"):
+            raise ValueError(f"device {self.device!r}: use cpu, cuda or auto")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype {self.dtype!r}: use auto, float32, bfloat16 or float16")
+        if self.swap_space_mb < 0:
+            raise ValueError("swap_space_mb must be >= 0 (0 = recompute only)")
+        if self.speculative_ngram_tokens < 0:
+            raise ValueError("speculative_ngram_tokens must be >= 0")
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, Any]) -> EngineConfig:
+        """Pick the engine keys out of a config.yaml `parameters:` mapping (other keys are ignored)."""
+        known = {f.name: f for f in fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in params.items():
+            if key not in known:
+                continue
+            default = getattr(cls(), key)
+            kwargs[key] = type(default)(value) if not isinstance(default, bool) else _as_bool(key, value)
+        cfg = cls(**kwargs)
+        cfg.validate()
+        return cfg
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise ValueError(f"parameters.{key}: expected true or false, got {value!r}")

@@ -1,0 +1,309 @@
+"""The synchronous engine: admission, the step loop (schedule -> run -> sample -> stop checks), abort.
+
+Single-threaded by design: whoever owns an `LLMEngine` calls `add_request`, `abort` and `step` from one
+thread (the offline `LLM` from the caller's, `AsyncLLMEngine` from its worker thread).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from headroom.core.clock import Clock, MonotonicClock
+from headroom.core.errors import InvalidRequest, RateLimited
+from headroom.llm.config import EngineConfig
+from headroom.llm.kv_cache import KVCacheManager
+from headroom.llm.request import FinishReason, Request, SamplingParams, SequenceOutput, TokenLogprob
+from headroom.llm.runner import BatchItem, ModelBatch, Runner
+from headroom.llm.sampler import sample
+from headroom.llm.scheduler import Scheduler, SchedulerLimits
+from headroom.llm.spec_decode import verify_greedy
+from headroom.llm.stopping import check_stop
+from headroom.llm.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """What one step did (for metrics and logs)."""
+
+    num_running: int  # sequences running after the step
+    num_waiting: int  # sequences waiting after the step
+    kv_cache_usage: float  # fraction of blocks referenced
+    num_batched_tokens: int  # tokens run in the step
+    num_preempted: int  # preemptions during the step's scheduling
+    prompt_tokens: int  # prompt tokens of sequences that got their first token this step
+    generation_tokens: int  # output tokens produced this step
+    prefix_queries_tokens: int  # prompt tokens looked up in the prefix cache this step
+    prefix_hits_tokens: int  # of those, found cached
+    spec_draft_tokens: int = 0  # speculative tokens proposed this step
+    spec_accepted_tokens: int = 0  # of those, accepted by verification
+
+
+class EngineObserver(Protocol):
+    """Receives timings; the Prometheus metrics implement it."""
+
+    def on_step(self, stats: StepStats) -> None: ...
+
+    def on_token(self, req: Request, now_s: float, first: bool) -> None: ...
+
+    def on_finish(self, req: Request, now_s: float) -> None: ...
+
+
+class LLMEngine:
+    """Continuous batching over a paged KV cache behind a `Runner`."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        config: EngineConfig,
+        max_model_len: int,
+        tokenizer: Tokenizer | None = None,
+        clock: Clock | None = None,
+        observer: EngineObserver | None = None,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.max_model_len = min(config.max_model_len or max_model_len, max_model_len)
+        self.clock = clock or MonotonicClock()
+        self.observer = observer
+        self.kv = KVCacheManager(runner.num_blocks, config.block_size_tokens, config.enable_prefix_caching)
+        limits = SchedulerLimits(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            max_waiting=config.max_waiting_requests,
+            num_speculative_tokens=config.speculative_ngram_tokens,
+            max_model_len=self.max_model_len,
+            swap_space_blocks=int(config.swap_space_mb * 2**20 // max(1, runner.kv_bytes_per_block)),
+        )
+        self.scheduler = Scheduler(limits, self.kv)
+        self._rng = random.Random(config.seed)
+        self._seq_no = 0
+        self._children: dict[str, list[str]] = {}
+        self.eos_token_id = tokenizer.eos_token_id if tokenizer else None
+        self._host_kv: dict[str, object] = {}  # swapped-out sequences' K/V in host memory
+        self.spec_draft_tokens = 0  # speculative tokens proposed so far
+        self.spec_accepted_tokens = 0  # of those, accepted
+
+    # --- admission --------------------------------------------------------------------------------------
+    def add_request(
+        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, priority: int = 0
+    ) -> list[str]:
+        """Queue a request (n sequences); raises InvalidRequest (400) or RateLimited (429)."""
+        try:
+            params.validate()
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        if not prompt_token_ids:
+            raise InvalidRequest("the prompt is empty; send at least one token")
+        if request_id in self._children:
+            raise InvalidRequest(f"request id {request_id!r} is already in use")
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise InvalidRequest(
+                f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                f"{len(prompt_token_ids)} and max_tokens asks for {params.max_tokens} ({total}); "
+                "shorten the prompt or lower max_tokens"
+            )
+        if self.kv.blocks_needed(total) > self.kv.num_blocks:
+            raise InvalidRequest(
+                f"{total} tokens need {self.kv.blocks_needed(total)} KV blocks but the cache has "
+                f"{self.kv.num_blocks}; lower max_tokens or raise kv_cache_memory_mb"
+            )
+        if self.scheduler.waiting_full(params.n):
+            raise RateLimited(
+                f"the waiting queue is full ({self.config.max_waiting_requests} requests); retry later",
+                retry_after_s=self.config.retry_after_s,
+            )
+        now = self.clock.now_s()
+        ids: list[str] = []
+        for i in range(params.n):
+            seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
+            seed = params.seed + i if params.seed is not None else self._rng.getrandbits(63)
+            gen = None if params.greedy else torch.Generator().manual_seed(seed)
+            self._seq_no += 1
+            req = Request(
+                request_id=seq_id,
+                prompt_token_ids=list(prompt_token_ids),
+                params=params,
+                arrival_s=now,
+                seq_no=self._seq_no,
+                priority=priority,
+                parent_id=request_id,
+                index=i,
+                leader_id=ids[0] if ids else "",
+                generator=gen,
+            )
+            if self.tokenizer is not None:
+                req.extra["detok"] = IncrementalDetokenizer(self.tokenizer)
+            self.scheduler.add(req)
+            ids.append(seq_id)
+        self._children[request_id] = ids
+        return ids
+
+    def abort(self, request_id: str) -> list[SequenceOutput]:
+        """Stop a request's sequences now and free their blocks; unknown ids are ignored."""
+        outs = []
+        now = self.clock.now_s()
+        for seq_id in self._children.pop(request_id, []):
+            req = self.scheduler.requests.get(seq_id)
+            if req is None:
+                continue
+            req.finish_reason = FinishReason.ABORT
+            self.scheduler.finish(req)
+            self._host_kv.pop(seq_id, None)
+            if self.observer is not None:
+                self.observer.on_finish(req, now)
+            outs.append(self._output(req, 0, "", now))
+        return outs
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._children)
+
+    def has_request(self, request_id: str) -> bool:
+        """Whether a user-visible request still has unfinished sequences."""
+        return request_id in self._children
+
+    def request_ids(self) -> list[str]:
+        """User-visible ids of unfinished requests."""
+        return list(self._children)
+
+    # --- the step ---------------------------------------------------------------------------------------
+    def step(self) -> list[SequenceOutput]:
+        """Run one iteration; returns outputs of sequences that got a token or finished."""
+        before = self.kv.stats()
+        decision = self.scheduler.schedule()
+        if decision.empty:
+            return []
+        for seq_id, blocks in decision.swap_out:  # before the forward can overwrite the freed blocks
+            self._host_kv[seq_id] = self.runner.swap_out(blocks)
+        for seq_id, blocks in decision.swap_in:
+            self.runner.swap_in(self._host_kv.pop(seq_id), blocks)
+        now = self.clock.now_s()
+        reqs = self.scheduler.requests
+        items = []
+        for s in decision.seqs:
+            req = reqs[s.request_id]
+            if req.first_scheduled_s is None:
+                req.first_scheduled_s = now
+            tokens = tuple(req.token_ids[s.start_position : s.start_position + s.num_tokens])
+            table = tuple(self.kv.block_table(s.request_id))
+            tokens += s.draft_token_ids
+            items.append(
+                BatchItem(s.request_id, tokens, s.start_position, table, s.samples, 1 + len(s.draft_token_ids))
+            )
+        logits = self.runner.execute(ModelBatch(tuple(items), self.config.block_size_tokens))
+        now = self.clock.now_s()
+        # rows per sampling item: 1 + its drafts; plain items are sampled together, speculative ones verified
+        plain: list[tuple[int, Request]] = []
+        emitted: dict[str, tuple[list[int], list[TokenLogprob | None]]] = {}
+        drafted = accepted = 0
+        row = 0
+        for s in decision.seqs:
+            req = reqs[s.request_id]
+            req.num_computed_tokens = s.start_position + s.num_tokens
+            if not s.samples:
+                continue
+            if s.draft_token_ids:
+                toks, n_ok = verify_greedy(logits[row : row + 1 + len(s.draft_token_ids)], s.draft_token_ids)
+                req.num_computed_tokens += n_ok
+                drafted += len(s.draft_token_ids)
+                accepted += n_ok
+                emitted[req.request_id] = (toks, [None] * len(toks))
+            else:
+                plain.append((row, req))
+            row += 1 + len(s.draft_token_ids)
+        if plain:
+            picks = sample(logits[[r for r, _ in plain]], [req for _, req in plain])
+            for (_, req), (token, lp) in zip(plain, picks, strict=True):
+                emitted[req.request_id] = ([token], [lp])
+        outs: list[SequenceOutput] = []
+        prompt_tokens = generated = 0
+        for s in decision.seqs:
+            req = reqs[s.request_id]
+            if req.request_id not in emitted:
+                self.kv.cache_full_blocks(req.request_id, req.token_ids, req.num_computed_tokens)
+                continue
+            delta = ""
+            n_new = 0
+            for token, lp in zip(*emitted[req.request_id], strict=True):
+                first = req.num_output_tokens == 0
+                prompt_tokens += req.num_prompt_tokens if first else 0
+                req.token_ids.append(token)
+                n_new += 1
+                if lp is not None:
+                    req.logprobs.append(lp)
+                if first:
+                    req.first_token_s = now
+                if self.observer is not None:
+                    self.observer.on_token(req, now, first)
+                req.last_token_s = now
+                delta += check_stop(req, token, self.eos_token_id, self.max_model_len)
+                if req.finished:
+                    break
+            generated += n_new
+            self.kv.cache_full_blocks(req.request_id, req.token_ids, min(req.num_computed_tokens, len(req.token_ids)))
+            if req.finished:
+                self._retire(req, now)
+            outs.append(self._output(req, n_new, delta, now))
+        self.spec_draft_tokens += drafted
+        self.spec_accepted_tokens += accepted
+        if self.observer is not None:
+            after = self.kv.stats()
+            self.observer.on_step(
+                StepStats(
+                    num_running=len(self.scheduler.running),
+                    num_waiting=len(self.scheduler.waiting),
+                    kv_cache_usage=after.usage,
+                    num_batched_tokens=decision.num_batched_tokens,
+                    num_preempted=len(decision.preempted),
+                    prompt_tokens=prompt_tokens,
+                    generation_tokens=generated,
+                    prefix_queries_tokens=after.prefix_queries_tokens - before.prefix_queries_tokens,
+                    prefix_hits_tokens=after.prefix_hits_tokens - before.prefix_hits_tokens,
+                    spec_draft_tokens=drafted,
+                    spec_accepted_tokens=accepted,
+                )
+            )
+        return outs
+
+    def _retire(self, req: Request, now: float) -> None:
+        self.scheduler.finish(req)
+        self._host_kv.pop(req.request_id, None)
+        if self.observer is not None:
+            self.observer.on_finish(req, now)
+        kids = self._children.get(req.parent_id, [])
+        if req.request_id in kids:
+            kids.remove(req.request_id)
+            if not kids:
+                del self._children[req.parent_id]
+
+    def _output(self, req: Request, num_new: int, delta: str, now: float) -> SequenceOutput:
+        out_ids = req.output_token_ids
+        return SequenceOutput(
+            request_id=req.request_id,
+            parent_id=req.parent_id,
+            index=req.index,
+            prompt_token_ids=tuple(req.prompt_token_ids),
+            token_ids=tuple(out_ids),
+            new_token_ids=tuple(out_ids[len(out_ids) - num_new :]) if num_new else (),
+            text=req.text[: int(req.extra.get("emitted", len(req.text)))],
+            delta_text=delta,
+            finish_reason=req.finish_reason,
+            logprobs=tuple(req.logprobs),
+            num_cached_tokens=req.num_cached_tokens,
+            arrival_s=req.arrival_s,
+            first_token_s=req.first_token_s,
+            finished_s=now if req.finished else None,
+        )

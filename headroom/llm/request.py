@@ -1,0 +1,147 @@
+"""Sampling parameters, the engine's per-sequence request state, and what the engine emits per step."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens and when to stop (OpenAI/vLLM meanings)."""
+
+    n: int = 1  # completions per prompt; siblings share the prompt's cached blocks
+    max_tokens: int = 16  # most generated tokens
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus sampling mass (1 = off)
+    top_k: int = 0  # keep the k most likely tokens (0 or -1 = off)
+    min_p: float = 0.0  # drop tokens below min_p * p(most likely) (0 = off)
+    repetition_penalty: float = 1.0  # HF-style multiplicative penalty over prompt+output tokens (1 = off)
+    presence_penalty: float = 0.0  # OpenAI additive penalty on tokens already generated
+    frequency_penalty: float = 0.0  # OpenAI additive penalty scaled by the generated count
+    seed: int | None = None  # per-request seed: same seed, same prompt -> same output
+    stop: tuple[str, ...] = ()  # stop strings (not included in the output unless asked)
+    stop_token_ids: tuple[int, ...] = ()  # extra token ids that stop generation
+    ignore_eos: bool = False  # keep going past the end-of-sequence token
+    logprobs: int | None = None  # return the chosen token's logprob and this many top alternatives
+    include_stop_str_in_output: bool = False  # keep the matched stop string in the text
+
+    def validate(self) -> None:
+        """Raise ValueError (a 400 at the edge) naming the bad field."""
+        if self.n < 1:
+            raise ValueError("n must be >= 1")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < -1:
+            raise ValueError("top_k must be -1, 0 (off) or a positive count")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError("min_p must be in [0, 1]")
+        if self.repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0")
+        if not -2 <= self.presence_penalty <= 2 or not -2 <= self.frequency_penalty <= 2:
+            raise ValueError("presence_penalty and frequency_penalty must be in [-2, 2]")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError("logprobs must be between 0 and 20")
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling reduces to argmax."""
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class FinishReason(enum.Enum):
+    """Why a sequence ended (OpenAI's finish_reason values, plus abort)."""
+
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"  # the client went away or the request was cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log-probability and the most likely alternatives."""
+
+    token_id: int  # the chosen token
+    logprob: float  # its log-probability under the model
+    top: tuple[tuple[int, float], ...]  # (token id, logprob) of the top alternatives, best first
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """Mutable per-sequence state owned by the engine thread (never shared with the event loop).
+    Compared by identity (queues hold the objects themselves)."""
+
+    request_id: str  # unique id of this sequence
+    prompt_token_ids: list[int]  # the prompt
+    params: SamplingParams  # how to sample
+    arrival_s: float  # when it arrived (engine clock)
+    seq_no: int  # arrival order, ties priority (FCFS)
+    priority: int = 0  # lower value = served first
+    parent_id: str = ""  # the user-visible request this sequence belongs to (n > 1)
+    index: int = 0  # which of the n completions
+    leader_id: str = ""  # sibling whose prompt prefill this one waits for (shares its blocks)
+    token_ids: list[int] = field(default_factory=list)  # prompt + output so far
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
+    generator: torch.Generator | None = None  # per-request RNG for sampling
+    text: str = ""  # detokenised output so far (stop strings removed)
+    finish_reason: FinishReason | None = None  # set when finished
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, when asked
+    first_scheduled_s: float | None = None  # when it first ran (queue time ends)
+    first_token_s: float | None = None  # when the first output token was produced
+    last_token_s: float | None = None  # when the latest output token was produced
+    num_preemptions: int = 0  # times it was preempted (recomputed)
+    extra: dict[str, Any] = field(default_factory=dict)  # detokeniser state etc.
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+        if not self.parent_id:
+            self.parent_id = self.request_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceOutput:
+    """What the engine reports for one sequence after a step that produced a token or finished it."""
+
+    request_id: str  # the sequence
+    parent_id: str  # the user-visible request (n > 1 groups share it)
+    index: int  # completion index within the parent
+    prompt_token_ids: tuple[int, ...]  # the prompt
+    token_ids: tuple[int, ...]  # every output token so far
+    new_token_ids: tuple[int, ...]  # output tokens added by this step
+    text: str  # output text so far
+    delta_text: str  # text added by this step
+    finish_reason: FinishReason | None  # None while running
+    logprobs: tuple[TokenLogprob, ...]  # per output token so far (empty unless asked)
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+    arrival_s: float  # engine-clock arrival
+    first_token_s: float | None  # engine-clock time of the first token
+    finished_s: float | None  # engine-clock time it finished
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

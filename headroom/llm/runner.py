@@ -1,0 +1,176 @@
+"""The model-runner seam: the engine hands a `ModelBatch` to a `Runner` and gets logits back.
+
+`TorchRunner` owns the device-specific parts (device, dtype, the preallocated K/V tensors, thread count);
+the rest of the engine is device-agnostic. A fake runner implementing the same protocol tests the
+scheduler without a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, cast
+
+import numpy as np
+import torch
+
+from headroom.llm.config import DecoderConfig, EngineConfig
+from headroom.llm.model import AttentionMetadata, DecoderForCausalLM
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItem:
+    """One sequence's part of a forward pass."""
+
+    request_id: str  # the sequence
+    token_ids: tuple[int, ...]  # new tokens to run
+    start_position: int  # position of the first new token (tokens before it are in the cache)
+    block_table: tuple[int, ...]  # the sequence's cache blocks, covering start_position + len(token_ids)
+    needs_logits: bool  # return logits after the last new token
+    num_logits: int = 1  # with needs_logits: rows for the last this-many tokens (speculative verification)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelBatch:
+    """A flat step: many sequences' new tokens."""
+
+    items: tuple[BatchItem, ...]  # in batch order; logits come back in this order (needs_logits only)
+    block_size_tokens: int  # tokens per cache block
+
+
+class Runner(Protocol):
+    """Runs one step; returns fp32 logits [sum of num_logits over items with needs_logits, vocab]."""
+
+    num_blocks: int  # cache blocks the runner preallocated
+    vocab_size: int  # logits width
+    kv_bytes_per_block: int  # bytes one block holds (all layers, K and V)
+
+    def execute(self, batch: ModelBatch) -> torch.Tensor: ...
+
+    def swap_out(self, block_ids: Sequence[int]) -> object:
+        """Copy these blocks' K/V to host memory; returns the host copy."""
+        ...
+
+    def swap_in(self, host_copy: object, block_ids: Sequence[int]) -> None:
+        """Copy a host copy back into these (new) blocks."""
+        ...
+
+
+def resolve_device(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    """Pick device and dtype: CPU fp32 by default, CUDA bf16 when asked for (or `auto` and present)."""
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        raise ValueError("device: cuda requested but torch sees no GPU; use device: cpu or auto")
+    device = torch.device("cuda" if use_cuda else "cpu")
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    dtype = names.get(cfg.dtype, torch.bfloat16 if use_cuda else torch.float32)
+    return device, dtype
+
+
+def kv_bytes_per_block(cfg: DecoderConfig, block_size_tokens: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes across all layers (K and V)."""
+    elem = torch.tensor([], dtype=dtype).element_size()
+    return 2 * cfg.num_hidden_layers * block_size_tokens * cfg.num_key_value_heads * cfg.head_dim_resolved * elem
+
+
+def build_metadata(
+    batch: ModelBatch, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+    """Flat input ids, positions, attention metadata and logits indices for a batch."""
+    bs = batch.block_size_tokens
+    items = batch.items
+    b = len(items)
+    q = max(len(it.token_ids) for it in items)
+    nb = max(-(-(it.start_position + len(it.token_ids)) // bs) for it in items)
+    k = nb * bs
+    input_ids: list[int] = []
+    positions = np.empty(sum(len(it.token_ids) for it in items), dtype=np.int64)
+    slot_mapping = np.empty_like(positions)
+    query_index = np.zeros((b, q), dtype=np.int64)
+    token_to_padded = np.empty_like(positions)
+    key_blocks = np.zeros((b, nb), dtype=np.int64)
+    mask = np.zeros((b, 1, q, k), dtype=bool)
+    logits_indices: list[int] = []
+    key_pos = np.arange(k, dtype=np.int64)
+    t = 0
+    for row, it in enumerate(items):
+        n = len(it.token_ids)
+        end = it.start_position + n
+        used = -(-end // bs)
+        table = np.asarray(it.block_table[:used], dtype=np.int64)
+        key_blocks[row, :used] = table
+        new_pos = np.arange(it.start_position, end, dtype=np.int64)
+        input_ids.extend(it.token_ids)
+        positions[t : t + n] = new_pos
+        slot_mapping[t : t + n] = table[new_pos // bs] * bs + new_pos % bs
+        query_index[row, :n] = np.arange(t, t + n)
+        token_to_padded[t : t + n] = row * q + np.arange(n)
+        mask[row, 0, :n, :] = key_pos[None, :] <= new_pos[:, None]
+        mask[row, 0, n:, 0] = True  # padded query rows attend one key (no NaN); their output is dropped
+        t += n
+        if it.needs_logits:
+            logits_indices.extend(range(t - it.num_logits, t))
+    meta = AttentionMetadata(
+        slot_mapping=torch.from_numpy(slot_mapping).to(device),
+        query_index=torch.from_numpy(query_index).to(device),
+        token_to_padded=torch.from_numpy(token_to_padded).to(device),
+        key_blocks=torch.from_numpy(key_blocks).to(device),
+        mask=torch.from_numpy(mask).to(device),
+        block_size_tokens=bs,
+    )
+    ids = torch.tensor(input_ids, dtype=torch.long, device=device)
+    pos = torch.from_numpy(positions).to(device)
+    return ids, pos, meta, torch.tensor(logits_indices, dtype=torch.long, device=device)
+
+
+class TorchRunner:
+    """Runs a DecoderForCausalLM over a K/V pool preallocated from `kv_cache_memory_mb`."""
+
+    def __init__(self, model: DecoderForCausalLM, engine: EngineConfig) -> None:
+        self.model = model
+        cfg = model.config
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        if engine.num_threads > 0 and self.device.type == "cpu":
+            torch.set_num_threads(engine.num_threads)
+        per_block = kv_bytes_per_block(cfg, engine.block_size_tokens, self.dtype)
+        self.kv_bytes_per_block = per_block
+        self.block_size = engine.block_size_tokens
+        self.num_blocks = int(engine.kv_cache_memory_mb * 1024 * 1024 // per_block)
+        if self.num_blocks < 1:
+            raise ValueError(
+                f"kv_cache_memory_mb={engine.kv_cache_memory_mb} holds no block of {per_block} bytes; raise it"
+            )
+        self.vocab_size = cfg.vocab_size
+        slots = self.num_blocks * engine.block_size_tokens
+        shape = (slots, cfg.num_key_value_heads, cfg.head_dim_resolved)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(cfg.num_hidden_layers)
+        ]
+
+    def execute(self, batch: ModelBatch) -> torch.Tensor:
+        ids, pos, meta, logits_idx = build_metadata(batch, self.device)
+        with torch.inference_mode():
+            logits: torch.Tensor = self.model(ids, pos, self.kv_caches, meta, logits_idx)
+        return logits.float().cpu()
+
+    def _paged(self, cache: torch.Tensor) -> torch.Tensor:
+        return cache.view(-1, self.block_size, cache.shape[1], cache.shape[2])
+
+    def swap_out(self, block_ids: Sequence[int]) -> object:
+        idx = torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
+        return [
+            (self._paged(k)[idx].to("cpu", copy=True), self._paged(v)[idx].to("cpu", copy=True))
+            for k, v in self.kv_caches
+        ]
+
+    def swap_in(self, host_copy: object, block_ids: Sequence[int]) -> None:
+        saved = cast(list[tuple[torch.Tensor, torch.Tensor]], host_copy)
+        idx = torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
+        for (k, v), (hk, hv) in zip(self.kv_caches, saved, strict=True):
+            self._paged(k)[idx] = hk.to(self.device)
+            self._paged(v)[idx] = hv.to(self.device)

@@ -1,0 +1,290 @@
+"""OpenAI-compatible chat completions and completions over an `AsyncLLMEngine`, free of any transport.
+
+A transport calls `create_chat_completion(body)` / `create_completion(body)` with the parsed JSON body and
+gets a `ServingResponse`: a JSON body with a status, or an async iterator of server-sent-event chunks
+(`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`). Errors use OpenAI's shape
+`{"error": {"message", "type", "param", "code"}}`: 400 for bad input (including prompt + max_tokens over
+the context), 404 for an unknown model, 429 with Retry-After when the waiting queue is full, 503 while
+the engine is not running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import ValidationError
+
+from headroom.core.errors import DeadlineExceeded, HeadroomError, InvalidRequest, ModelNotFound, NotReady
+from headroom.llm.async_engine import AsyncLLMEngine
+from headroom.llm.openai_protocol import (
+    BaseRequest,
+    ChatRequest,
+    CompletionRequest,
+    ServingResponse,
+    from_exception,
+    sse,
+)
+from headroom.llm.request import SamplingParams, SequenceOutput, TokenLogprob
+from headroom.llm.tokenizer import Tokenizer
+
+
+class OpenAIServing:
+    """Chat completions, completions and the model card for one served LLM."""
+
+    def __init__(self, model_name: str, tokenizer: Tokenizer | None = None, max_model_len: int = 0) -> None:
+        self.model_name = model_name
+        self.engine: AsyncLLMEngine | None = None  # attached once the model is loaded
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.created = int(time.time())
+        self.request_timeout_s = 0.0  # 0 = no deadline
+
+    def attach(
+        self, engine: AsyncLLMEngine, tokenizer: Tokenizer, max_model_len: int, request_timeout_s: float = 0.0
+    ) -> None:
+        """Serve through a started engine; requests running past `request_timeout_s` (> 0) are aborted (504)."""
+        self.engine, self.tokenizer, self.max_model_len = engine, tokenizer, max_model_len
+        self.request_timeout_s = request_timeout_s
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        """Entries for `GET /v1/models`."""
+        card: dict[str, Any] = {"id": self.model_name, "object": "model", "created": self.created}
+        card.update({"owned_by": "headroom", "max_model_len": self.max_model_len})
+        return [card]
+
+    # --- entry points -----------------------------------------------------------------------------------
+    async def create_chat_completion(self, body: Any) -> ServingResponse:
+        try:
+            req = ChatRequest.model_validate(body)
+            tok = self._ready()
+            messages = [{"role": m.role, "content": _content_text(m.content)} for m in req.messages]
+            prompt_ids = tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
+            max_tokens = req.max_completion_tokens or req.max_tokens
+            top = req.top_logprobs if req.logprobs else None
+            params = self._params(req, prompt_ids, max_tokens, (top or 0) if req.logprobs else None)
+            return await self._run("chat", req, prompt_ids, params)
+        except (ValidationError, HeadroomError) as exc:
+            return from_exception(exc)
+
+    async def create_completion(self, body: Any) -> ServingResponse:
+        try:
+            req = CompletionRequest.model_validate(body)
+            tok = self._ready()
+            prompt = req.prompt
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+                if len(prompt) != 1:
+                    raise InvalidRequest("prompt: send one prompt per request (a list of one string is accepted)")
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                prompt_ids = tok.encode(prompt)
+            else:
+                prompt_ids = [int(t) for t in prompt]
+                if any(t < 0 or t >= tok.vocab_size for t in prompt_ids):
+                    raise InvalidRequest(f"prompt: token ids must be in [0, {tok.vocab_size})")
+            if req.echo:
+                raise InvalidRequest("echo: not supported; resend without echo")
+            params = self._params(req, prompt_ids, req.max_tokens, req.logprobs)
+            return await self._run("text", req, prompt_ids, params)
+        except (ValidationError, HeadroomError) as exc:
+            return from_exception(exc)
+
+    # --- internals --------------------------------------------------------------------------------------
+    def _ready(self) -> Tokenizer:
+        if self.engine is None or self.tokenizer is None or not self.engine.healthy:
+            raise NotReady(f"model {self.model_name!r} is loading or stopped; retry shortly")
+        return self.tokenizer
+
+    def _params(
+        self, req: BaseRequest, prompt_ids: list[int], max_tokens: int | None, logprobs: int | None
+    ) -> SamplingParams:
+        if req.model and req.model != self.model_name:
+            raise ModelNotFound(f"the model {req.model!r} does not exist; this server serves {self.model_name!r}")
+        if not prompt_ids:
+            raise InvalidRequest("the prompt is empty")
+        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+        limit = self.max_model_len
+        if self.engine is not None:  # an unspecified max_tokens also has to fit the KV pool
+            kv = self.engine.engine.kv
+            limit = min(limit, kv.num_blocks * kv.block_size)
+        room = limit - len(prompt_ids)
+        if max_tokens is None and room < 1:
+            raise InvalidRequest(
+                f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                f"{len(prompt_ids)}; shorten it"
+            )
+        params = SamplingParams(
+            n=req.n,
+            max_tokens=max_tokens if max_tokens is not None else room,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
+            repetition_penalty=req.repetition_penalty,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            seed=req.seed,
+            stop=stop,
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+        )
+        try:
+            params.validate()
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        return params
+
+    async def _run(self, kind: str, req: BaseRequest, prompt_ids: list[int], params: SamplingParams) -> ServingResponse:
+        engine = self.engine
+        if engine is None:
+            raise NotReady("not ready")
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        rid = f"{prefix}-{uuid.uuid4().hex}"
+        outputs = _with_deadline(
+            await engine.generate(rid, prompt_ids, params, priority=req.priority), self.request_timeout_s
+        )
+        created = int(time.time())
+        if req.stream:
+            usage = bool((req.stream_options or {}).get("include_usage"))
+            return ServingResponse(200, stream=self._stream(kind, rid, created, outputs, len(prompt_ids), usage))
+        final: dict[int, SequenceOutput] = {}
+        async for out in outputs:
+            final[out.index] = out
+        choices = [
+            self._choice(kind, o, o.text, o.logprobs, 0, final=True)
+            for o in sorted(final.values(), key=lambda o: o.index)
+        ]
+        body = {
+            "id": rid,
+            "object": "chat.completion" if kind == "chat" else "text_completion",
+            "created": created,
+            "model": self.model_name,
+            "choices": choices,
+            "usage": _usage(len(prompt_ids), list(final.values())),
+        }
+        return ServingResponse(200, body=body)
+
+    def _choice(
+        self, kind: str, out: SequenceOutput, text: str, lps: tuple[TokenLogprob, ...], offset: int, final: bool
+    ) -> dict[str, Any]:
+        finish = out.finish_reason.value if out.finish_reason else None
+        choice: dict[str, Any] = {"index": out.index}
+        if kind == "chat":
+            key = "message" if final else "delta"
+            choice[key] = {"role": "assistant", "content": text} if final else {"content": text}
+            choice["logprobs"] = self._chat_logprobs(lps) if out.logprobs or lps else None
+        else:
+            choice["text"] = text
+            choice["logprobs"] = self._text_logprobs(lps, offset) if lps else None
+        choice["finish_reason"] = finish
+        return choice
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False) if self.tokenizer else str(token_id)
+
+    def _chat_logprobs(self, lps: tuple[TokenLogprob, ...]) -> dict[str, Any]:
+        def entry(tid: int, lp: float) -> dict[str, Any]:
+            text = self._token_text(tid)
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+        content = [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in lps]
+        return {"content": content}
+
+    def _text_logprobs(self, lps: tuple[TokenLogprob, ...], offset: int) -> dict[str, Any]:
+        tokens = [self._token_text(lp.token_id) for lp in lps]
+        offsets, pos = [], offset
+        for t in tokens:
+            offsets.append(pos)
+            pos += len(t)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in lps],
+            "top_logprobs": [{self._token_text(t): v for t, v in lp.top} for lp in lps],
+            "text_offset": offsets,
+        }
+
+    async def _stream(
+        self,
+        kind: str,
+        rid: str,
+        created: int,
+        outputs: AsyncIterator[SequenceOutput],
+        num_prompt: int,
+        include_usage: bool,
+    ) -> AsyncIterator[str]:
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        head = {"id": rid, "object": obj, "created": created, "model": self.model_name}
+        last: dict[int, SequenceOutput] = {}
+        sent_lps: dict[int, int] = {}
+        sent_text: dict[int, int] = {}
+        try:
+            async for out in outputs:
+                if kind == "chat" and out.index not in last:
+                    role = {"index": out.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+                    yield sse({**head, "choices": [{**role, "finish_reason": None}]})
+                last[out.index] = out
+                lps = out.logprobs[sent_lps.get(out.index, 0) :]
+                if not out.delta_text and not out.finished and not lps:
+                    continue
+                sent_lps[out.index] = len(out.logprobs)
+                choice = self._choice(kind, out, out.delta_text, lps, sent_text.get(out.index, 0), final=False)
+                sent_text[out.index] = sent_text.get(out.index, 0) + len(out.delta_text)
+                yield sse({**head, "choices": [choice]})
+            if include_usage:
+                yield sse({**head, "choices": [], "usage": _usage(num_prompt, list(last.values()))})
+        except HeadroomError as exc:
+            yield sse(from_exception(exc).body or {})
+        yield "data: [DONE]\n\n"
+
+
+async def _with_deadline(outputs: AsyncIterator[SequenceOutput], timeout_s: float) -> AsyncIterator[SequenceOutput]:
+    """Pass outputs through; past the deadline, close the engine stream (which aborts the request) and raise."""
+    it = aiter(outputs)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    try:
+        while True:
+            try:
+                if timeout_s > 0:
+                    out = await asyncio.wait_for(anext(it), max(0.0, end - loop.time()))
+                else:
+                    out = await anext(it)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise DeadlineExceeded(
+                    f"the request ran past request_timeout_s={timeout_s}; ask for fewer max_tokens"
+                ) from None
+            yield out
+    finally:
+        aclose = getattr(it, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def _content_text(content: str | list[dict[str, Any]] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise InvalidRequest(f"messages.content: only text parts are supported, got {part.get('type')!r}")
+        parts.append(str(part.get("text", "")))
+    return "".join(parts)
+
+
+def _usage(num_prompt: int, outs: list[SequenceOutput]) -> dict[str, Any]:
+    completion = sum(len(o.token_ids) for o in outs)
+    cached = max((o.num_cached_tokens for o in outs), default=0)
+    return {
+        "prompt_tokens": num_prompt,
+        "completion_tokens": completion,
+        "total_tokens": num_prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }

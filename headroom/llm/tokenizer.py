@@ -1,0 +1,69 @@
+"""Tokenizer and chat template from the model's files (no hub access), plus incremental detokenisation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from headroom.llm.weights import TokenizerFiles
+
+
+class Tokenizer:
+    """Encodes prompts, renders chats with the model's Jinja2 template, decodes outputs."""
+
+    def __init__(self, files: TokenizerFiles) -> None:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self._tok = HFTokenizer.from_file(str(files.tokenizer_json))
+        self.files = files
+        self.eos_token_id = self._tok.token_to_id(files.eos_token) if files.eos_token else None
+        self.bos_token_id = self._tok.token_to_id(files.bos_token) if files.bos_token else None
+        self._template = None
+        if files.chat_template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            self._template = env.from_string(files.chat_template)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size())
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.files.add_bos_token and self.bos_token_id is not None:
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+        """Render a chat; without a template, a plain `role: content` transcript."""
+        if self._template is None:
+            lines = [f"{m['role']}: {m['content']}" for m in messages]
+            return "\n".join(lines) + ("\nassistant:" if add_generation_prompt else "")
+        return str(
+            self._template.render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.files.bos_token,
+                eos_token=self.files.eos_token,
+            )
+        )
+
+
+class IncrementalDetokenizer:
+    """Text of a growing token list; holds back a trailing incomplete UTF-8 character."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.text = ""  # stable text emitted so far
+
+    def update(self, output_ids: Sequence[int]) -> str:
+        """Return the newly stable text after the output grew."""
+        full = self.tokenizer.decode(output_ids)
+        if full.endswith("\ufffd"):
+            return ""
+        delta = full[len(self.text) :] if full.startswith(self.text) else full
+        self.text = full
+        return delta
