@@ -158,6 +158,10 @@ class Server:
         if on_ready is not None:
             on_ready(self)
 
+    def llm_model_names(self) -> list[str]:
+        """Names of the generative models served by the LLM engine."""
+        return [str(card["id"]) for s in self._llm_services for card in s.serving.model_cards()]
+
     def stop(self) -> None:
         """Begin a graceful shutdown (safe to call from a signal handler)."""
         self.dataplane.start_draining()
