@@ -12,6 +12,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 def build_models(
     model_repository: Path = typer.Option(Path("models"), help="Model repository directory to populate."),
     force: bool = typer.Option(False, "--force", help="Rebuild even when matching artifacts exist."),
+    int8: bool = typer.Option(False, "--int8", help="Also build INT8 variants, each gated on held-out accuracy "
+                              "(digits) or cosine similarity to FP32 (minilm); a variant that fails is refused."),
+    int8_mode: str = typer.Option("", help="INT8 quantization: static | dynamic (default: the recommended "
+                                  "mode per model: static for digits, dynamic for minilm)."),
+    max_accuracy_drop: float = typer.Option(0.01, help="Largest accuracy loss an INT8 variant may have."),
 ) -> None:
     """Train/export the default models' artifacts (idempotent: skips what is already built).
 
@@ -67,3 +72,16 @@ def build_models(
         f"minilm: weights from {weights}; ONNX encoder within {minilm.max_abs_error:.1e} of torch ({state}) "
         f"-> {minilm.version_dir}"
     )
+    if int8:
+        from headroom.lifecycle.int8_builtin import build_int8_variants
+        from headroom.lifecycle.quantize import AccuracyGateError
+
+        try:
+            reports = build_int8_variants(model_repository, weights, mode=int8_mode or None,
+                                          max_accuracy_drop=max_accuracy_drop)
+        except AccuracyGateError as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(code=1) from None
+        for r in reports:
+            console.print(f"{r.model}: {r.precision} {r.gate.metric} {r.gate.candidate:.4f} "
+                          f"(FP32 {r.gate.reference:.4f}) -> {r.path}")

@@ -52,6 +52,8 @@ def serve(
     tls_keyfile: Path = typer.Option(None, help="PEM private key for --tls-certfile."),
     tls_client_ca_file: Path = typer.Option(None, help="PEM CA: require client certificates it signed (mTLS)."),
     trace_spans_file: Path = typer.Option(None, help="Write OpenTelemetry spans here as JSON lines."),
+    precomputed: Path = typer.Option(None, help="SQLite predictions from `headroom batch`: answered from the store "
+                                     "when every row is there, else the model runs (hit/miss in /metrics)."),
     replicas: int = typer.Option(1, min=1, help="N > 1: a router (peak-EWMA, health checks, shedding) in front "
                                  "of N replica processes; see `headroom route` for every router option."),
 ) -> None:
@@ -100,7 +102,7 @@ def serve(
             model_repository=model_repository, host=host, http_port=http_port, grpc_port=grpc_port,
             models=tuple(model) or None, limits=HttpLimits(max_body_bytes=max_body_bytes),
             drain_timeout_s=drain_timeout_s, log_level=log_level, gateway=setup, tls=tls,
-            trace_spans_file=trace_spans_file,
+            trace_spans_file=trace_spans_file, precomputed=precomputed,
         )
         uvloop.run(Server(config).run(on_ready=_banner))
     except ValueError as exc:  # configuration problems: say what to fix, no traceback

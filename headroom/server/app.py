@@ -33,6 +33,7 @@ from headroom.gateway.grpc_auth import GatewayInterceptor
 from headroom.gateway.ratelimit import RateLimiter
 from headroom.gateway.span_export import file_tracer_provider
 from headroom.gateway.tls import TlsConfig, grpc_server_credentials, uvicorn_ssl_kwargs
+from headroom.lifecycle.offline import PredictionStore
 from headroom.models.repository import ModelRepository
 from headroom.server.dataplane import DataPlane, ServedVersion
 from headroom.server.http_app import HttpApi, HttpLimits, build_http_app
@@ -57,6 +58,7 @@ class ServerConfig:
     gateway: GatewaySetup = field(default_factory=GatewaySetup)  # auth, rate limits, input limits, CORS
     tls: TlsConfig | None = None  # certificate + key: HTTPS and gRPC over TLS
     trace_spans_file: Path | None = None  # write OpenTelemetry spans here as JSON lines
+    precomputed: Path | None = None  # SQLite store from `headroom batch`: answer from it before the model
 
 
 class _UvicornServer(uvicorn.Server):
@@ -75,7 +77,8 @@ class Server:
         self.registry = CollectorRegistry()
         self.metrics = ServerMetrics(self.registry)
         self.clock = MonotonicClock()
-        self.dataplane = DataPlane(self.metrics, self.clock)
+        store = PredictionStore(config.precomputed) if config.precomputed is not None else None
+        self.dataplane = DataPlane(self.metrics, self.clock, precomputed=store)
         self._llm_services: list[Any] = []
         self._stop = asyncio.Event()
         self._http: _UvicornServer | None = None

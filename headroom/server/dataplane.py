@@ -24,6 +24,7 @@ from headroom.core.clock import Clock
 from headroom.core.dataplane import DisconnectWatcher, ModelMetadata, ServerMetadata, TensorMetadata
 from headroom.core.errors import Cancelled, HeadroomError, InvalidRequest, ModelNotFound, NotReady
 from headroom.core.types import InferenceRequest, InferenceResponse, StageTimings, Tensor, v2_datatype
+from headroom.lifecycle.offline import PredictionLookup, PredictionStore
 from headroom.models.base import ColdStartStage, Model
 from headroom.models.classification import ImageClassifier, classification_response
 from headroom.models.config import ModelConfig
@@ -65,7 +66,9 @@ def policy_config(config: ModelConfig) -> BatchPolicyConfig:
 class _Slot:
     """One served version plus its batcher."""
 
-    def __init__(self, served: ServedVersion, batcher: Batcher, observer: ModelObserver) -> None:
+    def __init__(self, served: ServedVersion, batcher: Batcher, observer: ModelObserver,
+                 lookup: PredictionLookup | None = None) -> None:
+        self.lookup = lookup  # precomputed predictions (`headroom batch`), consulted before the model
         self.served = served
         self.batcher = batcher
         self.observer = observer
@@ -77,8 +80,10 @@ class _Slot:
 class DataPlane:
     """Implements headroom.core.dataplane.InferenceDataPlane for tensor models."""
 
-    def __init__(self, metrics: ServerMetrics, clock: Clock, extra_ready: Sequence[object] = ()) -> None:
+    def __init__(self, metrics: ServerMetrics, clock: Clock, extra_ready: Sequence[object] = (),
+                 precomputed: PredictionStore | None = None) -> None:
         self._metrics = metrics
+        self._precomputed = precomputed
         self._clock = clock
         self._slots: dict[str, dict[str, _Slot]] = {}
         self._expected: set[str] = set()
@@ -107,9 +112,12 @@ class DataPlane:
             name=served.name,
         )
         batcher.start()
+        lookup = None
+        if self._precomputed is not None:
+            lookup = PredictionLookup(self._precomputed, served.name, served.version, batched=cfg.max_batch_size > 0)
         for stage in served.cold_start:
             self._metrics.cold_start.labels(served.name, served.version, stage.name).set(stage.duration_s)
-        return _Slot(served, batcher, observer)
+        return _Slot(served, batcher, observer, lookup)
 
     async def replace(self, name: str, served: Sequence[ServedVersion],
                       drain_timeout_s: float = 30.0) -> list[ServedVersion]:
@@ -276,6 +284,11 @@ class DataPlane:
         if not 1 <= priority <= levels:
             raise InvalidRequest(f"priority must be between 1 (highest) and {levels} for model '{cfg.name}'")
         params = request.parameters
+        if slot.lookup is not None:
+            stored = await asyncio.to_thread(slot.lookup.lookup, inputs)
+            self._metrics.precomputed.labels(cfg.name, "hit" if stored is not None else "miss").inc()
+            if stored is not None:
+                return self._response(slot, request, BatchResult(stored, 0.0, 0.0, 0.0, 0), start_s)
         submit = slot.batcher.submit(
             inputs, params, deadline_s=start_s + timeout_ms / 1e3, priority=priority,
             group=str(params.get("frame_id", "")), stream=str(params.get("stream_id", "")),

@@ -18,6 +18,7 @@ seconds as Prometheus recommends:
     headroom_duty_cycle{model}                         gauge: busy time / (wall time × instances)
     headroom_batch_window_seconds{model}               gauge: window the last batch used (adaptive mode)
     headroom_cold_start_seconds{model,version,stage}   gauge: read_weights, build_session, warmup, ...
+    headroom_precomputed_lookups_total{model,result}   counter: hit|miss against `serve --precomputed`
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class ServerMetrics:
                                 registry=registry)
         self.window = Gauge("headroom_batch_window_seconds", "Batching window of the last batch.", ["model"],
                             registry=registry)
+        self.precomputed = Counter("headroom_precomputed_lookups", "Precomputed-prediction lookups by result.",
+                                   ["model", "result"], registry=registry)
         self.cold_start = Gauge("headroom_cold_start_seconds", "Model cold-start stage durations.",
                                 ["model", "version", "stage"], registry=registry)
 
