@@ -5,7 +5,8 @@ FastAPI + transformers server, plus headroom's own overhead on a no-op Python mo
     .venv/bin/python benchmarks/serving/run_serving_bench.py --quick    # shorter probes, for a smoke check
 
 Every target is started on 127.0.0.1, measured with `headroom bench sweep` (open-loop Poisson, bisection on
-the rate, a probe is VALID when p99 <= --slo-p99-ms over >= 459 samples), then stopped. Results go to
+the rate, a probe is VALID when p99 <= --slo-p99-ms over >= 459 samples, so the lowest rate probed is
+480 / probe duration), then stopped. Results go to
 benchmarks/results/serving_<date>.json; `scripts/make_benchmarks_md.py` folds them into BENCHMARKS.md.
 The load generator and the server share this machine's cores: the report says so.
 """
@@ -74,8 +75,8 @@ def minilm_repo(tmp: Path, max_batch_size: int, mode: str = "dynamic", slo_ms: f
 def sweep(url: str, protocol: str, model: str, slo_ms: float, duration_s: float, high: float, out: Path,
           extra: list[str]) -> dict[str, object]:
     cmd = [*HEADROOM, "bench", "sweep", url, "--model", model, "--protocol", protocol, "--slo-p99-ms", str(slo_ms),
-           "--duration", str(duration_s), "--low-rate", "2", "--high-rate", str(high), "--tolerance", "0.1",
-           "--max-probes", "8", "--seed", "7", "--json", str(out), *extra]
+           "--duration", str(duration_s), "--low-rate", str(max(4.0, 480.0 / duration_s)), "--high-rate", str(high),
+           "--tolerance", "0.15", "--max-probes", "6", "--seed", "7", "--json", str(out), *extra]
     print("$", " ".join(cmd[2:]), flush=True)
     subprocess.run(cmd, check=True)
     return dict(json.loads(out.read_text()))
@@ -105,9 +106,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slo-p99-ms", type=float, default=100.0)
     parser.add_argument("--duration", type=float, default=30.0, help="seconds per probe")
-    parser.add_argument("--quick", action="store_true", help="10 s probes (results marked quick)")
+    parser.add_argument("--quick", action="store_true",
+                        help="20 s probes (results marked quick; a p99 claim needs >= 459 samples, so probes below "
+                             "24 req/s cannot be VALID)")
     args = parser.parse_args()
-    duration = 10.0 if args.quick else args.duration
+    duration = 20.0 if args.quick else args.duration
     stamp = time.strftime("%Y-%m-%d")
     results_dir = ROOT / "benchmarks" / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
