@@ -181,6 +181,8 @@ Seed = Annotated[int, typer.Option(help="Seeds the schedule and the dataset.")]
 TimeoutS = Annotated[float, typer.Option(help="Per-request timeout (s); counted as status 'timeout'.")]
 MaxConn = Annotated[int, typer.Option(help="Pooled connections (HTTP).")]
 InputName = Annotated[str, typer.Option(help="V2 input tensor name (default: input for images, text for text).")]
+TextShape = Annotated[str, typer.Option(help="V2 shape of one text sample: 1,1 for a batching model whose input "
+                                        "is [1] per row (Triton style, the default), 1 for a non-batching model.")]
 NoStream = Annotated[bool, typer.Option(help="OpenAI: do not stream (no TTFT/TPOT/ITL).")]
 IgnoreEos = Annotated[bool, typer.Option(help="OpenAI: send ignore_eos (vLLM) so outputs have max_tokens tokens.")]
 MaxTokens = Annotated[int, typer.Option(help="OpenAI: max_tokens when the sample names none.")]
@@ -239,6 +241,7 @@ def run(
     timeout_s: TimeoutS = 60.0,
     max_connections: MaxConn = 256,
     input_name: InputName = "",
+    text_shape: TextShape = "1,1",
     no_stream: NoStream = False,
     ignore_eos: IgnoreEos = False,
     max_tokens: MaxTokens = 64,
@@ -317,6 +320,7 @@ def sweep(
     timeout_s: TimeoutS = 60.0,
     max_connections: MaxConn = 256,
     input_name: InputName = "",
+    text_shape: TextShape = "1,1",
     no_stream: NoStream = False,
     ignore_eos: IgnoreEos = False,
     max_tokens: MaxTokens = 64,

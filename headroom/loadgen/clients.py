@@ -45,6 +45,7 @@ class ClientConfig:
     timeout_s: float = 60.0  # per-request timeout; a request over it is recorded with status "timeout"
     max_connections: int = 256  # pooled connections (and the cap on requests in flight)
     input_name: str = ""  # V2 input tensor name; "" = "input" for images, "text" for text
+    text_shape: tuple[int, ...] = (1, 1)  # V2 shape of one text sample: [batch, 1] for a batching model, [1] if not
     stream: bool = True  # OpenAI chat/completions: request a streamed reply (needed for TTFT/TPOT/ITL)
     ignore_eos: bool = False  # OpenAI: send ignore_eos so the server generates exactly max_tokens (vLLM)
     default_max_tokens: int = 64  # OpenAI: max_tokens when the sample names none
@@ -94,8 +95,8 @@ def parse_server_timing(values: list[str]) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
-def v2_json_body(sample: Sample, input_name: str) -> dict[str, Any]:
-    """The V2 JSON body for one sample: an image as FP32 [1, 1, 8, 8], text as BYTES [1]."""
+def v2_json_body(sample: Sample, input_name: str, text_shape: tuple[int, ...] = (1, 1)) -> dict[str, Any]:
+    """The V2 JSON body for one sample: an image as FP32 [1, 1, 8, 8], text as BYTES `text_shape` (one string)."""
     if sample.body is not None:
         return sample.body
     if sample.pixels is not None:
@@ -109,7 +110,8 @@ def v2_json_body(sample: Sample, input_name: str) -> dict[str, Any]:
                 }
             ]
         }
-    return {"inputs": [{"name": input_name or "text", "shape": [1], "datatype": "BYTES", "data": [sample.text]}]}
+    return {"inputs": [{"name": input_name or "text", "shape": list(text_shape), "datatype": "BYTES",
+                        "data": [sample.text]}]}
 
 
 def openai_body(config: ClientConfig, sample: Sample) -> dict[str, Any]:
@@ -176,7 +178,7 @@ def encode_request(config: ClientConfig, sample: Sample) -> tuple[bytes, dict[st
             raise ValueError("the image protocol needs an image workload (--workload digits)")
         return sample.png, {"content-type": "image/png"}
     if config.protocol == "v2-http":
-        return _json_bytes(v2_json_body(sample, config.input_name)), _JSON_HEADERS
+        return _json_bytes(v2_json_body(sample, config.input_name, config.text_shape)), _JSON_HEADERS
     return _json_bytes(openai_body(config, sample)), _JSON_HEADERS
 
 

@@ -39,8 +39,9 @@ class GrpcV2Client:
             tensor = self._aio.InferInput(self._config.input_name or "input", list(sample.pixels.shape), "FP32")
             tensor.set_data_from_numpy(np.ascontiguousarray(sample.pixels, dtype=np.float32))
         else:
-            tensor = self._aio.InferInput(self._config.input_name or "text", [1], "BYTES")
-            tensor.set_data_from_numpy(np.array([sample.text.encode()], dtype=np.object_))
+            shape = list(self._config.text_shape)
+            tensor = self._aio.InferInput(self._config.input_name or "text", shape, "BYTES")
+            tensor.set_data_from_numpy(np.array([sample.text.encode()], dtype=np.object_).reshape(shape))
         return [tensor]
 
     async def send(self, sample: Sample) -> ClientReply:

@@ -51,6 +51,7 @@ def config_from_options(**kw: Any) -> BenchConfig:
             timeout_s=kw["timeout_s"],
             max_connections=kw["max_connections"],
             input_name=kw["input_name"],
+            text_shape=tuple(int(d) for d in str(kw.get("text_shape") or "1,1").split(",")),
             stream=not kw["no_stream"],
             ignore_eos=kw["ignore_eos"],
             default_max_tokens=kw["max_tokens"],

@@ -64,7 +64,8 @@ def test_request_bodies() -> None:
     body = v2_json_body(img, "")
     assert body["inputs"][0]["shape"] == [1, 1, 8, 8] and body["inputs"][0]["datatype"] == "FP32"
     assert len(body["inputs"][0]["data"]) == 64
-    text = v2_json_body(Sample(text="hi"), "INPUT0")
+    text = v2_json_body(Sample(text="hi"), "INPUT0", (1,))
+    assert v2_json_body(Sample(text="hi"), "")["inputs"][0]["shape"] == [1, 1]  # default: a batching model
     assert text["inputs"][0] == {"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": ["hi"]}
     chat = openai_body(ClientConfig(url="u", model="m", protocol="openai-chat", ignore_eos=True), Sample(text="q"))
     assert chat["messages"] == [{"role": "user", "content": "q"}] and chat["stream"] is True
@@ -130,7 +131,8 @@ def grpc_url() -> Iterator[str]:
 
 
 async def test_v2_grpc_client(grpc_url: str) -> None:
-    ok = await _send("grpc://" + grpc_url, "v2-grpc", Sample(text="hello"), "echo_bytes", input_name="INPUT0")
+    ok = await _send("grpc://" + grpc_url, "v2-grpc", Sample(text="hello"), "echo_bytes", input_name="INPUT0",
+                     text_shape=(1,))  # echo_bytes does not batch: its input is BYTES [-1]
     assert ok.ok and ok.status == "OK"
     # Model names go into the request as given; an unknown model comes back as a gRPC status, not an exception.
     client = make_client(ClientConfig(url=grpc_url, model="no_such_model", protocol="v2-grpc"), MonotonicClock())

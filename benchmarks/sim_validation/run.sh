@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# `headroom sim --validate` on this machine: the simulator against the real server (docs/sim.md, last section).
+# Usage: benchmarks/sim_validation/run.sh [MODEL] [SECONDS_PER_LOAD] [more `headroom sim` options]
+#   defaults: sleep 30. MODEL `sleep` lives in benchmarks/sim_validation/models (CPU-free compute: isolates the
+#   queueing and batching the simulator models); other names come from ./models (minilm, digits, noop).
+# Writes benchmarks/results/sim_validation_<date>_<MODEL>.json and prints the comparison table.
+# Quiet the machine first: other processes on the cores add latency the simulator does not model
+# (the load average is recorded in the JSON as environment.load_average).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+model="${1:-sleep}"
+seconds="${2:-30}"
+shift $(( $# < 2 ? $# : 2 ))
+repo="models"
+if [ -d "benchmarks/sim_validation/models/$model" ]; then repo="benchmarks/sim_validation/models"; fi
+out="benchmarks/results/sim_validation_$(date -u +%Y-%m-%d)_${model}.json"
+uptime
+status=0
+.venv/bin/python -m headroom.cli.main sim --validate --model "$model" --model-repository "$repo" \
+  --loads 0.3,0.5,0.7,0.9 --duration "$seconds" --seed 0 --json "$out" "$@" || status=$?
+echo "wrote $out (exit $status: 0 = within target, 1 = target missed, 2 = error)"
