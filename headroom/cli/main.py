@@ -8,7 +8,7 @@ from headroom.cli import bench, build_models, plan, profile, serve, sim
 from headroom.gateway import keys_cli
 from headroom.lifecycle import batch_cli
 from headroom.router import cli as router_cli
-from headroom.router import k8s
+from headroom.router import k8s, ray_cli
 
 app = typer.Typer(
     name="headroom",
@@ -25,6 +25,7 @@ app.add_typer(plan.app, name="plan")
 app.add_typer(sim.app, name="sim")
 app.add_typer(keys_cli.app, name="keys")
 app.command("route")(router_cli.route)
+app.command("route-ray")(ray_cli.route_ray)
 app.command("batch")(batch_cli.batch)
 app.add_typer(k8s.deploy_app, name="deploy")
 

@@ -1,0 +1,403 @@
+"""Replicas as Ray actors: the `Actuator` the autoscaler drives, placing `headroom serve` processes on a Ray cluster.
+
+Each replica is one small Ray actor (`ReplicaProcess`, `actor_num_cpus` 0.5 by default so two fit on a 2-core
+node) that picks free ports on ITS node, starts one `headroom serve` process there and reports
+`(host, port)`. The manager (on the router's event loop) waits for `GET /v2/health/ready`, then hands the
+replica to the router through `on_change` (same callback shape as `LocalReplicaManager`). A start is timed
+stage by stage (`RayColdStart`: actor scheduled, process spawned, listening, ready). Draining removes the
+replica from the router first, sends SIGTERM through the actor (the replica reports not-ready, finishes what
+it holds, exits), SIGKILLs it after `drain_timeout_s`, then kills the actor. A watcher polls every replica;
+one whose process exits or whose actor dies (node lost) is replaced.
+
+Ray is imported lazily (only inside functions), so headroom works without it; install the `dev` extra.
+The replica process dies with its actor (Linux `PR_SET_PDEATHSIG`), so `ray.kill` never leaves it orphaned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from headroom.router.replicas import ReplicaStartError
+from headroom.router.upstream import Upstream
+
+log = logging.getLogger("headroom.ray_replicas")
+
+#: (bind host, HTTP port, gRPC port or -1 when the manager runs replicas without gRPC) -> argv; runs ON the
+#: replica's node (inside its actor), so `sys.executable` and paths are that node's.
+RayCommandFactory = Callable[[str, int, int], Sequence[str]]
+#: Ray reads this at import: "0" keeps a local cluster on 127.0.0.1 instead of the machine's network address.
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@dataclass(frozen=True, slots=True)
+class RayClusterConfig:
+    """Which Ray cluster to use: an existing one by address, or a local one started in this process."""
+
+    address: str | None = None  # "auto", "HOST:6379" or "ray://HOST:10001"; None = start a local cluster
+    num_cpus: int = 2  # CPUs a local cluster offers (ignored when connecting to an existing one)
+    namespace: str = "headroom"  # Ray namespace the replica actors live in
+    object_store_memory_bytes: int = 80 * 1024 * 1024  # local cluster only: replicas pass nothing through it
+    loopback_only: bool = True  # local cluster only: bind Ray itself to 127.0.0.1 (set before Ray's import)
+
+
+@dataclass(frozen=True, slots=True)
+class RayReplicaConfig:
+    """Placement and process-management knobs for Ray-actor replicas."""
+
+    host: str | None = None  # address replicas bind and the router dials; None = their node's IP per Ray
+    capacity: int = 8  # per-replica capacity reported to the router (shedding / overload threshold)
+    actor_num_cpus: float = 0.5  # CPUs each replica actor reserves (its process uses what the OS gives it)
+    start_timeout_s: float = 300.0  # scheduling + model load; a replica not ready by then is killed, reported
+    drain_timeout_s: float = 30.0  # SIGTERM grace before SIGKILL (Kubernetes terminationGracePeriodSeconds 30)
+    poll_interval_s: float = 0.05  # readiness polling period while starting
+    watch_interval_s: float = 0.5  # how often each replica's process / actor is checked for an exit
+    restart_on_exit: bool = True  # replace a replica whose process exits or whose actor dies unasked
+    grpc: bool = False  # give each replica a gRPC port too (the router's gRPC side forwards to it)
+    id_prefix: str = "ray-replica"  # replica ids are f"{id_prefix}-{n}" (unique per manager)
+
+
+@dataclass(frozen=True, slots=True)
+class RayColdStart:
+    """How long one Ray replica took to become useful, stage by stage (seconds from the actor's creation)."""
+
+    replica_id: str  # which replica
+    node_ip: str  # the Ray node it was placed on
+    scheduled_s: float  # until the actor ran its first method (placement + worker start)
+    spawn_s: float  # until the `headroom serve` process existed on that node
+    listening_s: float  # until /v2/health/live answered (imports done, port bound)
+    ready_s: float  # until /v2/health/ready answered 200 (models loaded and warmed)
+
+
+def connect_ray(cluster: RayClusterConfig | None = None) -> None:
+    """Connect to (or start) the Ray cluster; blocking (seconds), so call it before the event loop or in a
+    thread. A no-op when Ray is already initialised in this process."""
+    cluster = cluster or RayClusterConfig()
+    if cluster.address is None and cluster.loopback_only:
+        if "ray" in sys.modules and os.environ.get(_LOOPBACK_ENV) != "0":
+            log.warning("ray was imported before connect_ray(); the local cluster may bind a network address")
+        os.environ.setdefault(_LOOPBACK_ENV, "0")
+    try:
+        import ray
+    except ImportError as exc:
+        raise RuntimeError("the Ray backend needs ray: pip install -c constraints.txt ray==2.60.0 "
+                           "(it is in headroom's dev extra)") from exc
+    if ray.is_initialized():
+        return
+    if cluster.address is not None:
+        ray.init(address=cluster.address, namespace=cluster.namespace, log_to_driver=False)
+    else:
+        ray.init(num_cpus=cluster.num_cpus, include_dashboard=False, log_to_driver=False,
+                 namespace=cluster.namespace, object_store_memory=cluster.object_store_memory_bytes)
+
+
+def shutdown_ray() -> None:
+    """Disconnect (and stop a local cluster started by `connect_ray`)."""
+    import ray
+    ray.shutdown()
+
+
+def ray_serve_command(model_repository: Path, models: Sequence[str], drain_timeout_s: float) -> RayCommandFactory:
+    """argv for one `headroom serve` replica bound to (host, HTTP port, gRPC port or -1) on its node; the model
+    repository path must exist on every node that may host a replica (a shared volume or the same image)."""
+    def command(host: str, port: int, grpc_port: int) -> Sequence[str]:
+        argv = [sys.executable, "-m", "headroom.cli.main", "serve", "--host", host, "--http-port", str(port),
+                "--grpc-port", str(grpc_port), "--model-repository", str(model_repository),
+                "--drain-timeout-s", str(drain_timeout_s), "--no-access-log"]
+        for m in models:
+            argv += ["--model", m]
+        return argv
+    return command
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec: SIGKILL it when the actor process dies (Linux only)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+class ReplicaProcess:
+    """The Ray actor body: owns one `headroom serve` process on the node it was placed on."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_path = Path(tempfile.mkdtemp(prefix="headroom-ray-replica-")) / "replica.log"
+
+    def node_ip(self) -> str:
+        import ray
+        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]  # untyped in Ray
+
+    def spawn(self, command: RayCommandFactory, host: str | None, grpc: bool) -> tuple[str, int, int, int]:
+        """Pick free ports on this node, start the process; returns (host, HTTP port, gRPC port, pid)."""
+        if self._proc is not None:
+            raise RuntimeError("this replica actor already runs a process")
+        bind = host or self.node_ip()
+        port = _free_port(bind)
+        grpc_port = _free_port(bind) if grpc else -1
+        with self._log_path.open("wb") as log_file:
+            self._proc = subprocess.Popen(list(command(bind, port, grpc_port)), stdout=log_file, stderr=log_file,
+                                          stdin=subprocess.DEVNULL, start_new_session=True,
+                                          preexec_fn=_die_with_parent)
+        return bind, port, grpc_port, self._proc.pid
+
+    def poll(self) -> int | None:
+        """The process's exit code, or None while it runs."""
+        return None if self._proc is None else self._proc.poll()
+
+    def send_signal(self, signum: int) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signum)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class _RayReplica:
+    def __init__(self, replica_id: str, actor: Any, role: str) -> None:
+        self.replica_id = replica_id
+        self.actor = actor  # ray.actor.ActorHandle of ReplicaProcess
+        self.node_ip = ""
+        self.host = ""
+        self.port = -1
+        self.grpc_port = -1
+        self.pid = -1
+        self.role = role  # starting | warm | serving | draining
+        self.target_role = role  # what it becomes once ready
+
+
+class RayReplicaManager:
+    """Replicas as Ray actors (call `connect_ray` first). Methods must run on one event loop; `close()` drains
+    every replica and kills its actor (the Ray cluster itself is left to `shutdown_ray`)."""
+
+    def __init__(self, command: RayCommandFactory, config: RayReplicaConfig | None = None,
+                 on_change: Callable[[tuple[Upstream, ...]], None] | None = None) -> None:
+        import ray
+        if not ray.is_initialized():
+            raise RuntimeError("Ray is not connected: call headroom.router.ray_replicas.connect_ray() first")
+        self.command = command
+        self.config = config or RayReplicaConfig()
+        self.on_change = on_change
+        self.cold_starts: list[RayColdStart] = []
+        self.events: list[str] = []
+        self._actor_cls: Any = ray.remote(ReplicaProcess)
+        self._replicas: dict[str, _RayReplica] = {}
+        self._seq = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._lock = asyncio.Lock()
+
+    # ---------------------------------------------------------------------------------------- queries
+
+    def serving(self) -> tuple[Upstream, ...]:
+        return tuple(Upstream(r.replica_id, f"http://{r.host}:{r.port}", self.config.capacity,
+                              grpc_target=f"{r.host}:{r.grpc_port}" if r.grpc_port >= 0 else "")
+                     for r in self._replicas.values() if r.role == "serving")
+
+    def warm(self) -> tuple[str, ...]:
+        return tuple(r.replica_id for r in self._replicas.values() if r.role == "warm")
+
+    def pid(self, replica_id: str) -> int:
+        """The replica process's pid on its node."""
+        return self._replicas[replica_id].pid
+
+    def node_of(self, replica_id: str) -> str:
+        return self._replicas[replica_id].node_ip
+
+    def actor_of(self, replica_id: str) -> Any:
+        """The replica's Ray actor handle (a `ReplicaProcess`), e.g. for `ray.kill` in failure drills."""
+        return self._replicas[replica_id].actor
+
+    async def log_tail(self, replica_id: str) -> str:
+        """The last lines of the replica's stdout/stderr, read on its node through its actor."""
+        return await self._log_tail(self._replicas[replica_id])
+
+    def _event(self, text: str) -> None:
+        log.info(text)
+        self.events.append(text)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self.serving())
+
+    # -------------------------------------------------------------------------------------- lifecycle
+
+    async def scale_to(self, replicas: int, warm_pool: int) -> None:
+        """Promote warm replicas first, start the rest, drain extras; returns when all of it is done."""
+        if replicas < 0 or warm_pool < 0:
+            raise ValueError("replicas and warm_pool must be >= 0")
+        async with self._lock:
+            serving = [r for r in self._replicas.values() if r.role == "serving"]
+            warm = [r for r in self._replicas.values() if r.role == "warm"]
+            while len(serving) < replicas and warm:
+                r = warm.pop(0)
+                r.role = r.target_role = "serving"
+                serving.append(r)
+                self._event(f"promoted warm replica {r.replica_id} to serving")
+            self._changed()
+            starts = [self.start_replica("serving") for _ in range(replicas - len(serving))]
+            starts += [self.start_replica("warm") for _ in range(warm_pool - len(warm))]
+            drains = [self.drain(r.replica_id) for r in serving[replicas:]]
+            drains += [self.drain(r.replica_id) for r in warm[warm_pool:]]
+            results = await asyncio.gather(*starts, *drains, return_exceptions=True)
+        errors = [e for e in results if isinstance(e, BaseException)]
+        if errors:
+            raise errors[0]
+
+    async def start_replica(self, role: str = "serving") -> str:
+        """Create an actor, start its process, wait until ready, then give it `role` ("serving" or "warm")."""
+        cfg = self.config
+        self._seq += 1
+        rid = f"{cfg.id_prefix}-{self._seq}"
+        t0 = time.monotonic()
+        r = _RayReplica(rid, self._actor_cls.options(num_cpus=cfg.actor_num_cpus, max_restarts=0).remote(),
+                        "starting")
+        r.target_role = role
+        self._replicas[rid] = r
+        try:
+            async with asyncio.timeout(cfg.start_timeout_s):
+                r.node_ip = await r.actor.node_ip.remote()
+                scheduled_s = time.monotonic() - t0
+                r.host, r.port, r.grpc_port, r.pid = await r.actor.spawn.remote(self.command, cfg.host, cfg.grpc)
+                spawn_s = time.monotonic() - t0
+                listening_s, ready_s = await self._wait_ready(r, t0)
+        except BaseException as exc:
+            tail = await self._log_tail(r)
+            await self._kill(r)
+            self._replicas.pop(rid, None)
+            if isinstance(exc, TimeoutError):
+                raise ReplicaStartError(f"{rid} was not ready within {cfg.start_timeout_s} s (no room on the "
+                                        f"cluster for {cfg.actor_num_cpus} CPU, or a slow model load: raise "
+                                        f"start_timeout_s); log tail:\n{tail}") from None
+            raise
+        self.cold_starts.append(RayColdStart(rid, r.node_ip, scheduled_s, spawn_s, listening_s, ready_s))
+        r.role = r.target_role
+        self._event(f"started {rid} on {r.host}:{r.port} (node {r.node_ip}) as {r.role} "
+                    f"(scheduled after {scheduled_s:.2f} s, ready after {ready_s:.2f} s)")
+        self._spawn_task(self._watch(r))
+        if r.role == "serving":
+            self._changed()
+        return rid
+
+    async def _wait_ready(self, r: _RayReplica, t0: float) -> tuple[float, float]:
+        base = f"http://{r.host}:{r.port}"
+        listening_s: float | None = None
+        async with httpx.AsyncClient(timeout=1.0) as client:
+            while True:
+                code = await r.actor.poll.remote()
+                if code is not None:
+                    raise ReplicaStartError(f"{r.replica_id} exited with code {code} before it was ready; its "
+                                            f"log on node {r.node_ip} ends with:\n{await self._log_tail(r)}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if listening_s is None:
+                        await client.get(base + "/v2/health/live")
+                        listening_s = time.monotonic() - t0
+                    if (await client.get(base + "/v2/health/ready")).status_code == 200:
+                        return listening_s, time.monotonic() - t0
+                await asyncio.sleep(self.config.poll_interval_s)
+
+    async def _log_tail(self, r: _RayReplica) -> str:
+        try:
+            return str(await asyncio.wait_for(r.actor.log_tail.remote(), 5.0))
+        except Exception:  # the actor may be gone with its node; the tail is only a courtesy
+            return "(log unavailable: the replica's actor is gone)"
+
+    async def drain(self, replica_id: str) -> None:
+        """Stop routing to it, SIGTERM through its actor (it finishes in-flight work), SIGKILL after
+        drain_timeout_s, then kill the actor."""
+        r = self._replicas.get(replica_id)
+        if r is None or r.role == "draining":
+            return
+        was_serving = r.role == "serving"
+        r.role = "draining"
+        if was_serving:
+            self._changed()
+        code: int | None = None
+        with contextlib.suppress(Exception):  # an actor lost with its node has nothing left to drain
+            await r.actor.send_signal.remote(signal.SIGTERM)
+            deadline = time.monotonic() + self.config.drain_timeout_s
+            while (code := await r.actor.poll.remote()) is None and time.monotonic() < deadline:
+                await asyncio.sleep(self.config.poll_interval_s)
+            if code is None:
+                self._event(f"{replica_id} did not exit within {self.config.drain_timeout_s} s; killing it")
+        await self._kill(r)
+        self._replicas.pop(replica_id, None)
+        self._event(f"drained {replica_id} (exit code {code})")
+
+    async def restart(self, replica_id: str) -> str:
+        """Start a replacement with the same role, then drain the old one (no capacity dip)."""
+        old = self._replicas[replica_id]
+        new = await self.start_replica("warm" if old.role == "warm" else "serving")
+        await self.drain(replica_id)
+        return new
+
+    async def _kill(self, r: _RayReplica) -> None:
+        import ray
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(r.actor.send_signal.remote(signal.SIGKILL), 5.0)
+        with contextlib.suppress(Exception):
+            ray.kill(r.actor, no_restart=True)  # its process, if still there, dies with it (PDEATHSIG)
+
+    async def _watch(self, r: _RayReplica) -> None:
+        from ray.exceptions import RayActorError
+        while True:
+            await asyncio.sleep(self.config.watch_interval_s)
+            if r.role == "draining" or self._closing or r.replica_id not in self._replicas:
+                return
+            try:
+                code = await r.actor.poll.remote()
+                why = f"exited unexpectedly (code {code})"
+            except RayActorError as exc:
+                code, why = -1, f"lost its actor ({type(exc).__name__})"
+            if code is None:
+                continue
+            if r.role == "draining" or self._closing or r.replica_id not in self._replicas:
+                return
+            role = r.role
+            self._replicas.pop(r.replica_id, None)
+            self._event(f"{r.replica_id} {why} while {role}")
+            if role == "serving":
+                self._changed()
+            await self._kill(r)
+            if self.config.restart_on_exit:
+                try:
+                    await self.start_replica(role)
+                except ReplicaStartError as exc:
+                    self._event(f"replacement for {r.replica_id} failed: {exc}")
+            return
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Drain every replica (in parallel), kill their actors and stop the watchers."""
+        self._closing = True
+        await asyncio.gather(*(self.drain(rid) for rid in list(self._replicas)), return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
