@@ -86,8 +86,8 @@ def _sweep_lines(path: Path, s: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render(results_dir: Path) -> str:
-    """The BENCHMARKS.md text for every result under `results_dir`."""
+def render(results_dir: Path, summary: Path | None = None) -> str:
+    """The BENCHMARKS.md text for every result under `results_dir`, after the curated `summary` (if any)."""
     sections: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
     sweeps: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
     skipped: list[str] = []
@@ -113,6 +113,10 @@ def render(results_dir: Path) -> str:
         "load column says closed-loop). How to reproduce: see `benchmarks/README.md`.",
         "",
     ]
+    if summary is not None and summary.is_file():
+        # The curated summary (benchmarks/summary.md) quotes the other result files (engine, lifecycle,
+        # simulator validation, serving comparisons) with their ratios; each number names its file.
+        out += [summary.read_text().rstrip(), "", "## headroom bench runs", ""]
     if not sections and not sweeps:
         out.append("No results yet: run the commands in `benchmarks/README.md` to produce them.")
     for name in sorted(set(sections) | set(sweeps)):
@@ -122,7 +126,7 @@ def render(results_dir: Path) -> str:
         for path, sweep in sweeps.get(name, []):
             out += [*_sweep_lines(path, sweep), ""]
     if skipped:
-        out += ["", "Skipped (not a headroom bench result): " + ", ".join(f"`{s}`" for s in skipped)]
+        out += ["", "Other result files (summarised above): " + ", ".join(f"`{s}`" for s in skipped)]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -130,11 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="result directory")
     parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md", help="Markdown file to write")
+    parser.add_argument("--summary", type=Path, default=ROOT / "benchmarks" / "summary.md",
+                        help="curated summary placed first (skipped when the file does not exist)")
     args = parser.parse_args(argv)
     if not args.results.is_dir():
         print(f"error: {args.results} is not a directory of result JSONs", file=sys.stderr)
         return 2
-    args.out.write_text(render(args.results))
+    args.out.write_text(render(args.results, args.summary))
     print(f"wrote {args.out}")
     return 0
 

@@ -3,6 +3,10 @@ against HF transformers one request at a time and padded static batching; prefix
 
     .venv/bin/python benchmarks/llm/bench_engine.py                       # everything (several minutes)
     .venv/bin/python benchmarks/llm/bench_engine.py --streams 1,8 --max-tokens 32 --skip-hf
+    .venv/bin/python benchmarks/llm/bench_engine.py --weight-dtype auto,int8 --repeats 3 --num-threads 2
+
+With several `--weight-dtype` values the engine is measured for each, and the greedy outputs of the later
+ones are compared token by token with the first (`agreement`: streams identical, mean common prefix).
 
 Results go to benchmarks/results/llm_engine_<UTC timestamp>.json with the machine and date. The numbers are
 measured, never asserted. On a shared machine, record the load average next to them (done automatically).
@@ -31,6 +35,7 @@ from headroom.llm.config import EngineConfig
 from headroom.llm.engine import LLMEngine
 from headroom.llm.offline import DEFAULT_MODEL, load_engine
 from headroom.llm.request import SamplingParams, SequenceOutput
+from headroom.llm.weights import load_checkpoint
 
 TOPICS = [
     "the water cycle", "how vaccines work", "the history of the printing press", "black holes",
@@ -38,14 +43,16 @@ TOPICS = [
 ]  # fmt: skip
 
 
-def chat_prompts(engine: LLMEngine, n: int, target_tokens: int = 100) -> list[list[int]]:
-    """n distinct chat prompts of about `target_tokens` tokens each."""
+def chat_prompts(engine: LLMEngine, n: int, target_tokens: int = 100, run: int = 0) -> list[list[int]]:
+    """n distinct chat prompts of about `target_tokens` tokens each; `run` makes every run's prompts new, so
+    a repeat never reuses an earlier run's prompt blocks from the prefix cache (only the chat template's
+    system prefix is shared, as it would be in real traffic)."""
     tok = engine.tokenizer
     if tok is None:
         raise SystemExit("the model has no tokenizer")
     out = []
     for i in range(n):
-        words = f"Request {i}. Please explain {TOPICS[i % len(TOPICS)]} to a curious student. " * 8
+        words = f"Run {run} request {i}. Please explain {TOPICS[i % len(TOPICS)]} to a curious student. " * 8
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": words}]), add_special_tokens=False)
         while len(ids) > target_tokens:
             words = words[: int(len(words) * 0.9)]
@@ -78,7 +85,9 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> 
         if o.first_token_s is not None and o.finished_s is not None and len(o.token_ids) > 1
     ]
     gen = sum(len(o.token_ids) for o in done)
+    order = sorted(done, key=lambda o: int(o.request_id.rsplit("-", 1)[1]))
     return {
+        "token_ids": [list(o.token_ids) for o in order],
         "output_tokens_per_s": gen / wall,
         "wall_s": wall,
         "ttft_p50_s": pct(ttft, 0.5),
@@ -88,13 +97,13 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> 
     }
 
 
-def hf_model(engine: LLMEngine) -> Any:
-    """HF LlamaForCausalLM on the same weights (the engine's model tensors)."""
+def hf_model(model_spec: str) -> Any:
+    """HF LlamaForCausalLM on the same (dequantised fp32) weights the engine loads."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    model = engine.runner.model  # type: ignore[attr-defined]
-    c = model.config
+    ckpt = load_checkpoint(model_spec)
+    c = ckpt.config
     cfg = LlamaConfig(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
         num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
@@ -105,7 +114,7 @@ def hf_model(engine: LLMEngine) -> Any:
     )  # fmt: skip
     with torch.device("meta"):
         hf = LlamaForCausalLM(cfg)
-    sd = {k: v for k, v in model.state_dict().items() if not k.startswith("rotary")}
+    sd = dict(ckpt.state_dict)
     hf.load_state_dict(sd, assign=True, strict=False)
     hf.tie_weights()
     hf.model.rotary_emb = LlamaRotaryEmbedding(config=cfg)
@@ -157,13 +166,14 @@ def prefix_cache_ttft(model: str, system_tokens: int = 512, trials: int = 3) -> 
     return result
 
 
-def cold_start(model: str) -> dict[str, Any]:
+def cold_start(model: str, weight_dtype: str, num_threads: int) -> dict[str, Any]:
     """Time to ready in a fresh process with the converted cache present (load + one warmup token)."""
     code = (
         "import time; t=time.monotonic()\n"
+        "from headroom.llm.config import EngineConfig\n"
         "from headroom.llm.offline import load_engine\n"
         "from headroom.llm.request import SamplingParams\n"
-        f"e, r = load_engine({model!r})\n"
+        f"e, r = load_engine({model!r}, EngineConfig(weight_dtype={weight_dtype!r}, num_threads={num_threads}))\n"
         "e.add_request('w', e.tokenizer.encode('Hello'), SamplingParams(temperature=0, max_tokens=1))\n"
         "while e.has_unfinished: e.step()\n"
         "import json; print(json.dumps({'ready_s': time.monotonic()-t, 'stages_s': dict(r.stages_s)}))\n"
@@ -175,6 +185,28 @@ def cold_start(model: str) -> dict[str, Any]:
     return res
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median tokens/s, plus every run's tokens/s."""
+    ranked = sorted(runs, key=lambda r: float(r["output_tokens_per_s"]))
+    best = {k: v for k, v in ranked[len(ranked) // 2].items() if k != "token_ids"}
+    best["output_tokens_per_s_runs"] = [r["output_tokens_per_s"] for r in runs]
+    return best
+
+
+def agreement(ref: list[list[int]], got: list[list[int]]) -> dict[str, float]:
+    """How far greedy outputs agree: streams identical, and the mean length of the common prefix."""
+    prefix = []
+    for a, b in zip(ref, got, strict=True):
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        prefix.append(n)
+    return {
+        "identical_streams": sum(a == b for a, b in zip(ref, got, strict=True)) / len(ref),
+        "mean_common_prefix_tokens": statistics.mean(prefix),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=DEFAULT_MODEL, help="GGUF file, HF directory or package:NAME/FILE")
@@ -184,16 +216,32 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true", help="skip the transformers baselines")
     ap.add_argument("--skip-extras", action="store_true", help="skip prefix-cache and cold-start measurements")
     ap.add_argument("--num-threads", type=int, default=0, help="torch CPU threads (0 = default)")
+    ap.add_argument(
+        "--weight-dtype", default="auto", help="comma-separated EngineConfig.weight_dtype values: auto (fp32), int8"
+    )
+    ap.add_argument("--repeats", type=int, default=1, help="runs per measurement; the median is reported")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="directory for the JSON result")
     args = ap.parse_args()
     console = Console()
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     streams = [int(s) for s in args.streams.split(",")]
-    engine, report = load_engine(args.model, EngineConfig(max_num_seqs=max(streams), kv_cache_memory_mb=512))
-    prompts_all = chat_prompts(engine, max(streams), args.prompt_tokens)
+    wdtypes = [w.strip() for w in args.weight_dtype.split(",") if w.strip()]
+    engines = {
+        wd: load_engine(
+            args.model,
+            EngineConfig(
+                max_num_seqs=max(streams), kv_cache_memory_mb=512, weight_dtype=wd, num_threads=args.num_threads
+            ),
+        )[0]
+        for wd in wdtypes
+    }
+    runs_needed = 1 + len(streams) * args.repeats
+    prompt_sets = [chat_prompts(engines[wdtypes[0]], max(streams), args.prompt_tokens, r) for r in range(runs_needed)]
+    prompts_all = prompt_sets[0]
     results: dict[str, Any] = {
         "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": " ".join([".venv/bin/python", *sys.argv]),
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor(),
@@ -206,50 +254,73 @@ def main() -> None:
             "model": args.model,
             "max_tokens": args.max_tokens,
             "prompt_tokens_mean": statistics.mean(len(p) for p in prompts_all),
+            "repeats": args.repeats,
         },
-        "engine": {},
+        "engine": {wd: {} for wd in wdtypes},
+        "agreement_with_" + wdtypes[0]: {wd: {} for wd in wdtypes[1:]},
         "hf_one_at_a_time": {},
         "hf_static_batch": {},
     }
-    hf = None if args.skip_hf else hf_model(engine)
+    hf = None if args.skip_hf else hf_model(args.model)
+    per_n = len(wdtypes) + (0 if args.skip_hf else 2)
     with Progress(console=console) as progress:
-        task = progress.add_task("benchmarking", total=len(streams) * (1 if args.skip_hf else 3))
-        for n in streams:
-            run_engine(engine, prompts_all[:1], 2)  # warm
-            results["engine"][n] = run_engine(engine, prompts_all[:n], args.max_tokens)
-            progress.advance(task)
+        task = progress.add_task("benchmarking", total=len(streams) * per_n * args.repeats)
+        for k, n in enumerate(streams):
+            ref_ids: list[list[int]] = []
+            for wd, engine in engines.items():
+                run_engine(engine, prompts_all[:1], 2)  # warm (prompt set 0 is used for nothing else)
+                runs = []
+                for r in range(args.repeats):
+                    fresh = prompt_sets[1 + k * args.repeats + r]  # same prompts for every weight dtype
+                    runs.append(run_engine(engine, fresh[:n], args.max_tokens))
+                    progress.advance(task)
+                if not ref_ids:
+                    ref_ids = runs[0]["token_ids"]
+                else:
+                    results["agreement_with_" + wdtypes[0]][wd][n] = agreement(ref_ids, runs[0]["token_ids"])
+                results["engine"][wd][n] = median_run(runs)
             if hf is not None:
-                results["hf_one_at_a_time"][n] = run_hf(hf, prompts_all[: min(n, 2)], args.max_tokens, batched=False)
-                progress.advance(task)
-                results["hf_static_batch"][n] = run_hf(hf, prompts_all[:n], args.max_tokens, batched=True)
-                progress.advance(task)
+                one, static = [], []
+                for r in range(args.repeats):
+                    fresh = prompt_sets[1 + k * args.repeats + r]
+                    if k == 0:  # one request at a time does not depend on the stream count: measure it once
+                        one.append(run_hf(hf, fresh[:2], args.max_tokens, batched=False))
+                    progress.advance(task)
+                    static.append(run_hf(hf, fresh[:n], args.max_tokens, batched=True))
+                    progress.advance(task)
+                results["hf_one_at_a_time"][n] = median_run(one) if one else results["hf_one_at_a_time"][streams[0]]
+                results["hf_static_batch"][n] = median_run(static)
     if not args.skip_extras:
         results["prefix_cache_ttft"] = prefix_cache_ttft(args.model)
-        results["cold_start"] = cold_start(args.model)
+        results["cold_start"] = {wd: cold_start(args.model, wd, args.num_threads) for wd in wdtypes}
     results["machine"]["load_average_end"] = os.getloadavg()
-    table = Table(title="SmolLM2-135M, greedy, output tokens/s")
-    table.add_column("streams")
-    for col in ("engine tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "HF 1-at-a-time", "HF static batch"):
+    table = Table(title="SmolLM2-135M, greedy, output tokens/s (median of runs)")
+    for col in ("weights", "streams", "engine tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "HF 1-at-a-time"):
         table.add_column(col)
-    for n in streams:
-        e = results["engine"][n]
-        a = results["hf_one_at_a_time"].get(n, {}).get("output_tokens_per_s", float("nan"))
-        b = results["hf_static_batch"].get(n, {}).get("output_tokens_per_s", float("nan"))
-        table.add_row(
-            str(n),
-            f"{e['output_tokens_per_s']:.1f}",
-            f"{e['ttft_p50_s'] * 1e3:.0f}/{e['ttft_p99_s'] * 1e3:.0f}",
-            f"{e['tpot_p50_s'] * 1e3:.1f}/{e['tpot_p99_s'] * 1e3:.1f}",
-            f"{a:.1f}",
-            f"{b:.1f}",
-        )
+    table.add_column("HF static batch")
+    for wd in wdtypes:
+        for n in streams:
+            e = results["engine"][wd][n]
+            a = results["hf_one_at_a_time"].get(n, {}).get("output_tokens_per_s", float("nan"))
+            b = results["hf_static_batch"].get(n, {}).get("output_tokens_per_s", float("nan"))
+            table.add_row(
+                wd,
+                str(n),
+                f"{e['output_tokens_per_s']:.1f}",
+                f"{e['ttft_p50_s'] * 1e3:.0f}/{e['ttft_p99_s'] * 1e3:.0f}",
+                f"{e['tpot_p50_s'] * 1e3:.1f}/{e['tpot_p99_s'] * 1e3:.1f}",
+                f"{a:.1f}",
+                f"{b:.1f}",
+            )
     console.print(table)
+    if "cold_start" in results:
+        for wd, c in results["cold_start"].items():
+            console.print(f"cold start ({wd}): ready in {c['ready_s']:.2f} s (process {c['process_wall_s']:.2f} s)")
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     path = args.out / f"llm_engine_{stamp}.json"
     path.write_text(json.dumps(results, indent=1))
     console.print(f"wrote {path}")
-    _ = report
 
 
 if __name__ == "__main__":

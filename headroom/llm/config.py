@@ -77,7 +77,8 @@ class EngineConfig:
     max_model_len: int = 0  # context limit in tokens; 0 = the model's max_position_embeddings
     device: str = "cpu"  # "cpu" | "cuda" | "auto" (cuda when available)
     dtype: str = "auto"  # "auto" (fp32 on cpu, bf16 on cuda) | "float32" | "bfloat16" | "float16"
-    num_threads: int = 0  # torch intra-op threads on CPU; 0 = leave torch's default
+    num_threads: int = 0  # torch intra-op threads on CPU; 0 = auto (1 on a <= 2-CPU machine, else torch's default)
+    weight_dtype: str = "auto"  # "auto" (= dtype) | "int8" (CPU fp32 only: FBGEMM dynamic-int8 linears)
     swap_space_mb: float = 0.0  # host memory for swap preemption; 0 = preempt by recompute only
     speculative_ngram_tokens: int = 0  # prompt-lookup speculative decoding: draft length; 0 = off
     retry_after_s: float = 1.0  # Retry-After hint when the waiting queue is full
@@ -98,6 +99,8 @@ class EngineConfig:
             raise ValueError(f"device {self.device!r}: use cpu, cuda or auto")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: use auto, float32, bfloat16 or float16")
+        if self.weight_dtype not in ("auto", "int8"):
+            raise ValueError(f"weight_dtype {self.weight_dtype!r}: use auto (weights in dtype) or int8 (CPU only)")
         if self.swap_space_mb < 0:
             raise ValueError("swap_space_mb must be >= 0 (0 = recompute only)")
         if self.speculative_ngram_tokens < 0:

@@ -7,6 +7,7 @@ scheduler without a model.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -16,6 +17,7 @@ import torch
 
 from headroom.llm.config import DecoderConfig, EngineConfig
 from headroom.llm.model import AttentionMetadata, DecoderForCausalLM
+from headroom.llm.quant import quantize_linears_int8
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,23 @@ def resolve_device(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
     return device, dtype
 
 
+def cpu_threads(requested: int, cpu_count: int) -> int:
+    """Intra-op threads to use: `requested` if > 0; else 1 on a machine with <= 2 CPUs (an OpenMP team as wide
+    as the machine stalls badly as soon as anything else runs: a decode step measured 40 ms with 1 thread vs
+    0.2-1.8 s with 2 on a busy 2-core box), else 0 = leave torch's default."""
+    if requested > 0:
+        return requested
+    return 1 if cpu_count <= 2 else 0
+
+
+def prepare_model(model: DecoderForCausalLM, engine: EngineConfig) -> None:
+    """Make a loaded model fast for inference, in place: fuse q/k/v and gate/up, then int8 weights if asked.
+    Idempotent (the runner calls it; `load_engine` calls it first to time it as its own cold-start stage)."""
+    model.fuse_projections()
+    if engine.weight_dtype == "int8":
+        quantize_linears_int8(model)
+
+
 def kv_bytes_per_block(cfg: DecoderConfig, block_size_tokens: int, dtype: torch.dtype) -> int:
     """Bytes one block takes across all layers (K and V)."""
     elem = torch.tensor([], dtype=dtype).element_size()
@@ -89,7 +108,7 @@ def build_metadata(
     query_index = np.zeros((b, q), dtype=np.int64)
     token_to_padded = np.empty_like(positions)
     key_blocks = np.zeros((b, nb), dtype=np.int64)
-    mask = np.zeros((b, 1, q, k), dtype=bool)
+    mask = np.zeros((b, 1, 1, q, k), dtype=bool)
     logits_indices: list[int] = []
     key_pos = np.arange(k, dtype=np.int64)
     t = 0
@@ -105,8 +124,8 @@ def build_metadata(
         slot_mapping[t : t + n] = table[new_pos // bs] * bs + new_pos % bs
         query_index[row, :n] = np.arange(t, t + n)
         token_to_padded[t : t + n] = row * q + np.arange(n)
-        mask[row, 0, :n, :] = key_pos[None, :] <= new_pos[:, None]
-        mask[row, 0, n:, 0] = True  # padded query rows attend one key (no NaN); their output is dropped
+        mask[row, 0, 0, :n, :] = key_pos[None, :] <= new_pos[:, None]
+        mask[row, 0, 0, n:, 0] = True  # padded query rows attend one key (no NaN); their output is dropped
         t += n
         if it.needs_logits:
             logits_indices.extend(range(t - it.num_logits, t))
@@ -115,7 +134,7 @@ def build_metadata(
         query_index=torch.from_numpy(query_index).to(device),
         token_to_padded=torch.from_numpy(token_to_padded).to(device),
         key_blocks=torch.from_numpy(key_blocks).to(device),
-        mask=torch.from_numpy(mask).to(device),
+        mask_bias=torch.from_numpy(np.where(mask, np.float32(0.0), np.float32(-np.inf))).to(device),
         block_size_tokens=bs,
     )
     ids = torch.tensor(input_ids, dtype=torch.long, device=device)
@@ -131,8 +150,11 @@ class TorchRunner:
         cfg = model.config
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        if engine.num_threads > 0 and self.device.type == "cpu":
-            torch.set_num_threads(engine.num_threads)
+        if self.device.type == "cpu":
+            threads = cpu_threads(engine.num_threads, os.cpu_count() or 1)
+            if threads:
+                torch.set_num_threads(threads)
+        prepare_model(model, engine)
         per_block = kv_bytes_per_block(cfg, engine.block_size_tokens, self.dtype)
         self.kv_bytes_per_block = per_block
         self.block_size = engine.block_size_tokens
