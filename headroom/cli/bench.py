@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.text import Text
 from typer.core import TyperGroup
 
@@ -127,7 +128,7 @@ def _pin(cpus: str) -> None:
 
 
 def _fail(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}", soft_wrap=True)
+    console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)  # server text may hold [brackets]
     return typer.Exit(code=2)
 
 

@@ -47,8 +47,8 @@ def _ok(result: dict[str, object], *, streaming: bool = False, stages: bool = Tr
 @pytest.mark.parametrize(("protocol", "model", "extra"), [
     ("v2-http", "digits", []),
     ("v2-grpc", "digits", []),
-    ("v2-http", "minilm", []),
-    ("v2-grpc", "minilm", []),
+    ("v2-http", "minilm", ["--workload", "sentences"]),
+    ("v2-grpc", "minilm", ["--workload", "sentences"]),
     ("openai-embeddings", "minilm", []),
     ("openai-chat", "smollm2", ["--max-tokens", "4"]),
 ])
