@@ -16,7 +16,7 @@ import pytest
 from headroom.router.fake_replica import ReplicaBehaviour, make_app, serve_asgi
 from headroom.router.health import HealthConfig
 from headroom.router.proxy import ProxyConfig, Router
-from headroom.router.tail import HedgeConfig
+from headroom.router.tail import BudgetConfig, HedgeConfig
 from headroom.router.upstream import Upstream
 
 INFER = "/v2/models/m/infer"
@@ -112,7 +112,11 @@ async def test_five_consecutive_5xx_eject_a_replica() -> None:
 
 async def test_never_started_requests_are_retried_elsewhere() -> None:
     reps = [ReplicaBehaviour(name="a"), ReplicaBehaviour(name="b")]
-    cfg = ProxyConfig(policy="round_robin", check_interval_s=3600.0)  # the router will not notice the drain
+    # Enough retry tokens up front and no time-based refill: the 5 retries this needs must not depend on how
+    # many wall-clock seconds the run takes (the default budget refills 1 token/s, which made this flaky).
+    budget = BudgetConfig(budget_fraction=0.2, max_tokens=10.0, min_per_s=0.0, initial_tokens=10.0)
+    cfg = ProxyConfig(policy="round_robin", check_interval_s=3600.0,  # the router will not notice the drain
+                      retry_budget=budget)
     async with fleet(reps, cfg) as (router, client):
         reps[0].draining = True  # answers 503 not_ready: the request never started there
         responses = await _load(client, 10, concurrency=1)
