@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 def _banner(server: Server) -> None:
     host, http, grpc = server.config.host, server.http_port, server.grpc_port
     scheme = "https" if server.config.tls is not None else "http"
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # copy-paste examples must not be wrapped
     names = server.dataplane.model_names() + server.llm_model_names()
     console.print(f"[bold green]headroom is ready[/] — models: {', '.join(names) or '(none)'}")
     console.print(f"  HTTP  (KServe V2, OpenAI, /metrics)  {scheme}://{host}:{http}")
