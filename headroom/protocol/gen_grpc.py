@@ -171,7 +171,6 @@ def generate(proto_dir: Path = PROTO_DIR, out_dir: Path = OUT_DIR) -> None:
         f"-I{proto_dir}",
         f"--python_out={out_dir}",
         f"--pyi_out={out_dir}",
-        f"--grpc_python_out={out_dir}",
         *protos,
     ]
     subprocess.run(cmd, check=True)

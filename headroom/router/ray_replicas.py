@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from headroom.router.replicas import ReplicaStartError
+from headroom.router.replicas import ReplicaStartError, plan_scale
 from headroom.router.upstream import Upstream
 
 log = logging.getLogger("headroom.ray_replicas")
@@ -250,19 +250,18 @@ class RayReplicaManager:
         if replicas < 0 or warm_pool < 0:
             raise ValueError("replicas and warm_pool must be >= 0")
         async with self._lock:
-            serving = [r for r in self._replicas.values() if r.role == "serving"]
-            warm = [r for r in self._replicas.values() if r.role == "warm"]
-            while len(serving) < replicas and warm:
-                r = warm.pop(0)
+            plan = plan_scale([r.replica_id for r in self._replicas.values() if r.role == "serving"],
+                              [r.replica_id for r in self._replicas.values() if r.role == "warm"],
+                              replicas, warm_pool)
+            for rid in plan.promote:
+                r = self._replicas[rid]
                 r.role = r.target_role = "serving"
-                serving.append(r)
-                self._event(f"promoted warm replica {r.replica_id} to serving")
+                self._event(f"promoted warm replica {rid} to serving")
             self._changed()
-            starts = [self.start_replica("serving") for _ in range(replicas - len(serving))]
-            starts += [self.start_replica("warm") for _ in range(warm_pool - len(warm))]
-            drains = [self.drain(r.replica_id) for r in serving[replicas:]]
-            drains += [self.drain(r.replica_id) for r in warm[warm_pool:]]
-            results = await asyncio.gather(*starts, *drains, return_exceptions=True)
+            jobs: list[Coroutine[Any, Any, object]] = [self.start_replica("serving") for _ in range(plan.start_serving)]
+            jobs += [self.start_replica("warm") for _ in range(plan.start_warm)]
+            jobs += [self.drain(rid) for rid in plan.drain]
+            results = await asyncio.gather(*jobs, return_exceptions=True)
         errors = [e for e in results if isinstance(e, BaseException)]
         if errors:
             raise errors[0]

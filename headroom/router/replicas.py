@@ -44,6 +44,29 @@ class Actuator(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class ScalePlan:
+    """What to do to reach a target fleet (shared by the local and the Ray replica managers)."""
+
+    promote: tuple[str, ...]  # warm replicas that start serving (cheapest way up: no cold start)
+    start_serving: int  # new replicas to start for serving
+    start_warm: int  # new replicas to start for the warm pool
+    drain: tuple[str, ...]  # replicas (serving or warm) to drain and stop
+
+
+def plan_scale(serving: Sequence[str], warm: Sequence[str], replicas: int, warm_pool: int) -> ScalePlan:
+    """Promote warm replicas first, start what is still missing, drain the surplus (newest ids last)."""
+    promote = tuple(warm[: max(0, replicas - len(serving))])
+    now_serving = [*serving, *promote]
+    still_warm = list(warm[len(promote):])
+    return ScalePlan(
+        promote=promote,
+        start_serving=max(0, replicas - len(now_serving)),
+        start_warm=max(0, warm_pool - len(still_warm)),
+        drain=(*now_serving[replicas:], *still_warm[warm_pool:]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class ColdStart:
     """How long one replica took to become useful, stage by stage (seconds from spawn)."""
 
@@ -136,19 +159,18 @@ class LocalReplicaManager:
         if replicas < 0 or warm_pool < 0:
             raise ValueError("replicas and warm_pool must be >= 0")
         async with self._lock:
-            serving = [r for r in self._replicas.values() if r.role == "serving"]
-            warm = [r for r in self._replicas.values() if r.role == "warm"]
-            while len(serving) < replicas and warm:
-                r = warm.pop(0)
+            plan = plan_scale([r.replica_id for r in self._replicas.values() if r.role == "serving"],
+                              [r.replica_id for r in self._replicas.values() if r.role == "warm"],
+                              replicas, warm_pool)
+            for rid in plan.promote:
+                r = self._replicas[rid]
                 r.role = r.target_role = "serving"
-                serving.append(r)
-                self._event(f"promoted warm replica {r.replica_id} to serving")
+                self._event(f"promoted warm replica {rid} to serving")
             self._changed()
-            starts = [self.start_replica("serving") for _ in range(replicas - len(serving))]
-            starts += [self.start_replica("warm") for _ in range(warm_pool - len(warm))]
-            drains = [self.drain(r.replica_id) for r in serving[replicas:]]
-            drains += [self.drain(r.replica_id) for r in warm[warm_pool:]]
-            results = await asyncio.gather(*starts, *drains, return_exceptions=True)
+            jobs: list[Coroutine[Any, Any, object]] = [self.start_replica("serving") for _ in range(plan.start_serving)]
+            jobs += [self.start_replica("warm") for _ in range(plan.start_warm)]
+            jobs += [self.drain(rid) for rid in plan.drain]
+            results = await asyncio.gather(*jobs, return_exceptions=True)
         errors = [e for e in results if isinstance(e, BaseException)]
         if errors:
             raise errors[0]

@@ -70,6 +70,11 @@ class _Slot:
                  lookup: PredictionLookup | None = None) -> None:
         self.lookup = lookup  # precomputed predictions (`headroom batch`), consulted before the model
         self.served = served
+        raw = served.config.parameters.get("labels")
+        outputs = served.config.outputs
+        # classification-extension class names for the first output, computed once per version
+        self.labels = ({outputs[0].name: [str(x) for x in raw]}
+                       if isinstance(raw, list | tuple) and outputs else None)
         self.batcher = batcher
         self.observer = observer
         self.success = 0  # requests answered with a result
@@ -207,13 +212,9 @@ class DataPlane:
     def labels(self, name: str, version: str = "") -> dict[str, list[str]] | None:
         """Class names for the classification extension: `parameters.labels` names the first output's classes."""
         try:
-            cfg = self._slot(name, version).served.config
+            return self._slot(name, version).labels
         except ModelNotFound:
             return None
-        raw = cfg.parameters.get("labels")
-        if isinstance(raw, list | tuple) and cfg.outputs:
-            return {cfg.outputs[0].name: [str(x) for x in raw]}
-        return None
 
     def model_ready(self, name: str, version: str = "") -> bool:
         self._slot(name, version)

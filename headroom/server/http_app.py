@@ -6,9 +6,10 @@ the data plane. Status codes come from the error tree (headroom.core.errors), ne
 
 from __future__ import annotations
 
+import base64
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import orjson
@@ -166,7 +167,7 @@ class HttpApi:
         timeout_ms = self._timeout_ms(request)
         if timeout_ms is not None:
             current = decoded.timeout_ms
-            decoded = _with_timeout(decoded, timeout_ms if current is None else min(current, timeout_ms))
+            decoded = replace(decoded, timeout_ms=timeout_ms if current is None else min(current, timeout_ms))
         response = await self.dp.infer(decoded, disconnect_watcher(request))
         payload, headers = encode_infer_response(response, binary_default=decoded.binary_output_default,
                                                  labels=self.dp.labels(response.model_name, response.model_version))
@@ -210,9 +211,9 @@ class HttpApi:
             return _openai_error("'encoding_format' must be 'float' or 'base64'", 400, "encoding_format")
         data = np.array([t.encode("utf-8") for t in texts], dtype=object)
         try:
-            meta = self.dp.model_metadata(model)
-            name = meta.inputs[0].name
-            shape = (len(texts), 1) if len(meta.inputs[0].shape) == 2 else (len(texts),)
+            spec = self.dp.served(model).config.inputs[0]
+            shape = (len(texts), *(1 for _ in spec.shape))  # one string per batch row
+            name = spec.name
             req = InferenceRequest(request_id=self._request_id(request), model_name=model, model_version="",
                                    inputs=(Tensor(name, "BYTES", shape, data.reshape(shape)),))
             result = await self.dp.infer(req, disconnect_watcher(request))
@@ -261,15 +262,7 @@ class HttpApi:
         ]
 
 
-def _with_timeout(request: InferenceRequest, timeout_ms: float) -> InferenceRequest:
-    from dataclasses import replace
-
-    return replace(request, timeout_ms=timeout_ms)
-
-
 def _b64(vec: np.ndarray) -> str:
-    import base64
-
     return base64.b64encode(np.ascontiguousarray(vec, dtype="<f4").tobytes()).decode("ascii")
 
 
