@@ -39,7 +39,8 @@ def build_app(threads: int) -> FastAPI:
             hidden = model(**batch).last_hidden_state
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, p=2, dim=1).tolist()  # type: ignore[no-any-return]
+        vectors: list[list[float]] = torch.nn.functional.normalize(pooled, p=2, dim=1).tolist()
+        return vectors
 
     @app.post("/v1/embeddings")
     async def embeddings(req: EmbeddingRequest) -> dict[str, object]:

@@ -2,9 +2,15 @@
 dynamic batching, with max_batch_size 1, and the plain FastAPI + transformers server, in one run.
 
     .venv/bin/python benchmarks/serving/run_offline_throughput.py [--queries 600] [--repeats 3]
+    # also try onnxruntime settings (each adds a dynamic + a batch-1 target, measured in the same rounds):
+    .venv/bin/python benchmarks/serving/run_offline_throughput.py --ort intra=2,spin=off --ort intra=1,spin=off
 
-Offline throughput is what the server can do at all; `run_serving_bench.py` measures the rate it can do
-within a p99 SLO. Results: benchmarks/results/serving_offline_<date>.json (medians of the repeats).
+Every target is started once; the repeats are interleaved (round 1: every target, round 2: every target, ...)
+so slow drift in the machine's load hits all targets alike. Each run also records the server process's CPU
+time per answered request (/proc): on a machine shared with other work, throughput measures the share of the
+cores the server got as much as the server, while CPU per request is its cost. Offline throughput is what the
+server can do at all; `run_serving_bench.py` measures the rate it can do within a p99 SLO. Results:
+benchmarks/results/serving_offline_<date>[_<tag>].json (every run, medians, ratios, machine load).
 """
 
 from __future__ import annotations
@@ -12,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -21,72 +26,114 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_serving_bench import HEADROOM, PY, ROOT, free_port, minilm_repo, wait_ready
+from run_serving_bench import (
+    HEADROOM,
+    PY,
+    ROOT,
+    free_port,
+    machine,
+    minilm_repo,
+    parse_ort,
+    wait_fastapi,
+    wait_ready,
+)
 
 
-def offline(url: str, queries: int, out: Path) -> float:
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process (all its threads) has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def offline(url: str, queries: int, out: Path, pid: int) -> tuple[float, float]:
+    """(ok responses per second, server CPU milliseconds per ok response) for one offline run."""
     cmd = [*HEADROOM, "bench", "run", url, "--model", "minilm", "--protocol", "openai-embeddings",
            "--scenario", "offline", "--num-queries", str(queries), "--timeout-s", "600", "--quiet",
            "--json", str(out)]
-    subprocess.run(cmd, check=True)
+    before = cpu_s(pid)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    used_s = cpu_s(pid) - before
     result = json.loads(out.read_text())
-    return float(result["throughput"]["ok_per_s"])
+    ok = max(1, int(result["counts"]["ok"]))
+    return float(result["throughput"]["ok_per_s"]), 1e3 * used_s / ok
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--queries", type=int, default=600)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ort", action="append", default=[], metavar="intra=N,spin=on|off",
+                        help="extra onnxruntime settings to measure (repeatable); the shipped config always runs")
+    parser.add_argument("--tag", default="", help="suffix of the results file name")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="headroom-offline-"))
-    runs: dict[str, list[float]] = {}
-    servers: list[tuple[str, list[str], str]] = []
-    for name, repo in (("headroom_dynamic", minilm_repo(tmp, 32)), ("headroom_batch1", minilm_repo(tmp, 1))):
-        port = free_port()
-        servers.append((name, [*HEADROOM, "serve", "--model-repository", str(repo), "--http-port", str(port),
-                               "--grpc-port", "-1", "--no-access-log"], f"http://127.0.0.1:{port}"))
+    settings: list[tuple[str, dict[str, object]]] = [("", {})] + [(f" [{s}]", parse_ort(s)) for s in args.ort]
+    targets: list[tuple[str, list[str], str]] = []
+    for suffix, overrides in settings:
+        for kind, batch in (("headroom_dynamic", 32), ("headroom_batch1", 1)):
+            port = free_port()
+            repo = minilm_repo(tmp / f"{kind}{len(targets)}", batch, overrides=overrides)
+            targets.append((kind + suffix, [*HEADROOM, "serve", "--model-repository", str(repo), "--http-port",
+                                            str(port), "--grpc-port", "-1", "--no-access-log"],
+                            f"http://127.0.0.1:{port}"))
     port = free_port()
-    servers.append(("fastapi_transformers", [PY, str(ROOT / "benchmarks" / "serving" / "fastapi_baseline.py"),
+    targets.append(("fastapi_transformers", [PY, str(ROOT / "benchmarks" / "serving" / "fastapi_baseline.py"),
                                              "--port", str(port)], f"http://127.0.0.1:{port}"))
-    for name, cmd, url in servers:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
+    start_machine = machine()
+    procs: list[subprocess.Popen[bytes]] = []
+    runs: dict[str, list[float]] = {name: [] for name, _, _ in targets}
+    cpu_ms: dict[str, list[float]] = {name: [] for name, _, _ in targets}
+    try:
+        for name, cmd, url in targets:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs.append(proc)
             if name.startswith("headroom"):
                 wait_ready(url + "/v2/health/ready", proc)
             else:
-                deadline = time.monotonic() + 300
-                while True:
-                    try:
-                        httpx.post(url + "/v1/embeddings", json={"input": "warm"}, timeout=5)
-                        break
-                    except httpx.HTTPError:
-                        if time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.5)
-            runs[name] = [offline(url, args.queries, tmp / f"{name}-{i}.json") for i in range(args.repeats)]
-            print(name, runs[name], flush=True)
-        finally:
+                wait_fastapi(url, proc)
+        for i in range(args.repeats):
+            for (name, _, url), proc in zip(targets, procs, strict=True):
+                rate, cost = offline(url, args.queries, tmp / f"{name}-{i}.json", proc.pid)
+                runs[name].append(rate)
+                cpu_ms[name].append(cost)
+                print(f"round {i + 1}: {name} {rate:.1f} ok/s, server CPU {cost:.2f} ms per request "
+                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    finally:
+        for proc in procs:
             proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+        for proc in procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     med = {k: statistics.median(v) for k, v in runs.items()}
+    cpu_med = {k: statistics.median(v) for k, v in cpu_ms.items()}
+    ratios: dict[str, float] = {}
+    for suffix, _ in settings:
+        ratios["dynamic_over_batch1" + suffix] = med["headroom_dynamic" + suffix] / med["headroom_batch1" + suffix]
+        ratios["dynamic_over_fastapi" + suffix] = med["headroom_dynamic" + suffix] / med["fastapi_transformers"]
+        # the same ratios in server CPU per request (less sensitive to other processes on a shared machine)
+        ratios["cpu_batch1_over_dynamic" + suffix] = (cpu_med["headroom_batch1" + suffix]
+                                                      / cpu_med["headroom_dynamic" + suffix])
+        ratios["cpu_fastapi_over_dynamic" + suffix] = (cpu_med["fastapi_transformers"]
+                                                       / cpu_med["headroom_dynamic" + suffix])
     doc = {
         "benchmark": "serving_minilm_offline_throughput",
         "command": " ".join([Path(PY).name, *sys.argv]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_average_end": os.getloadavg(),
-                    "note": "server and load generator share the machine's cores"},
+        "machine": {**start_machine, "load_average_end": os.getloadavg(),
+                    "note": "server and load generator share the machine's cores; rounds interleave targets"},
         "queries": args.queries, "repeats": args.repeats,
+        "ort_settings": {s or "shipped config": o for s, o in settings},
         "throughput_ok_per_s_runs": runs, "throughput_ok_per_s_median": med,
-        "ratios": {"dynamic_over_batch1": med["headroom_dynamic"] / med["headroom_batch1"],
-                   "dynamic_over_fastapi": med["headroom_dynamic"] / med["fastapi_transformers"]},
+        "server_cpu_ms_per_request_runs": cpu_ms, "server_cpu_ms_per_request_median": cpu_med,
+        "ratios": ratios,
     }
-    out = ROOT / "benchmarks" / "results" / f"serving_offline_{time.strftime('%Y-%m-%d')}.json"
+    stamp = time.strftime("%Y-%m-%d")
+    out = ROOT / "benchmarks" / "results" / f"serving_offline_{stamp}{'_' + args.tag if args.tag else ''}.json"
     out.write_text(json.dumps(doc, indent=2))
-    print(json.dumps({"median": med, "ratios": doc["ratios"]}, indent=2))
+    print(json.dumps({"median": med, "server_cpu_ms_per_request_median": cpu_med, "ratios": ratios}, indent=2))
     print(f"wrote {out}")
 
 

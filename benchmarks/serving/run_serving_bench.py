@@ -3,8 +3,12 @@ FastAPI + transformers server, plus headroom's own overhead on a no-op Python mo
 
     .venv/bin/python benchmarks/serving/run_serving_bench.py            # full run (~15 min)
     .venv/bin/python benchmarks/serving/run_serving_bench.py --quick    # shorter probes, for a smoke check
+    .venv/bin/python benchmarks/serving/run_serving_bench.py --quick --repeats 3 --no-adaptive \
+        --ort intra=2,spin=off --tag ort    # medians of 3 interleaved rounds, plus an onnxruntime variant
 
-Every target is started on 127.0.0.1, measured with `headroom bench sweep` (open-loop Poisson, bisection on
+Every target is started once on 127.0.0.1; each round sweeps every target in turn (rounds interleave, so drift
+in the shared machine's load hits all targets alike); the reported valid QPS is the median over rounds. Each
+sweep is `headroom bench sweep` (open-loop Poisson, bisection on
 the rate, a probe is VALID when p99 <= --slo-p99-ms over >= 459 samples, so the lowest rate probed is
 480 / probe duration), then stopped. Results go to
 benchmarks/results/serving_<date>.json; `scripts/make_benchmarks_md.py` folds them into BENCHMARKS.md.
@@ -20,10 +24,13 @@ import platform
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -58,8 +65,42 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) 
     raise RuntimeError(f"{url} not ready after {timeout_s}s")
 
 
-def minilm_repo(tmp: Path, max_batch_size: int, mode: str = "dynamic", slo_ms: float = 100.0) -> Path:
-    """A repository holding only minilm, with max_batch_size (1 = no batching) and batching mode overridden."""
+def parse_ort(spec: str) -> dict[str, object]:
+    """`intra=2,spin=off` -> minilm `parameters` overrides (intra_op_threads, allow_spinning)."""
+    out: dict[str, object] = {}
+    for part in filter(None, spec.split(",")):
+        key, _, value = part.partition("=")
+        if key == "intra" and value.isdigit():
+            out["intra_op_threads"] = int(value)
+        elif key == "spin" and value in ("on", "off"):
+            out["allow_spinning"] = value == "on"
+        else:
+            raise SystemExit(f"--ort {spec!r}: expected comma-separated intra=N and spin=on|off")
+    return out
+
+
+def machine() -> dict[str, object]:
+    """Where and under what load a result was measured (the machine is shared: the load matters)."""
+    return {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "load_average_start": os.getloadavg(), "niceness": os.nice(0)}
+
+
+def wait_fastapi(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            httpx.post(url + "/v1/embeddings", json={"input": "warm"}, timeout=5)
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("FastAPI baseline did not start") from None
+            time.sleep(0.5)
+
+
+def minilm_repo(tmp: Path, max_batch_size: int, mode: str = "dynamic", slo_ms: float = 100.0,
+                overrides: dict[str, object] | None = None) -> Path:
+    """A repository holding only minilm, with max_batch_size (1 = no batching), batching mode and `parameters`
+    overrides (e.g. onnxruntime threads) applied."""
     repo = tmp / f"repo_b{max_batch_size}_{mode}"
     src = ROOT / "models" / "minilm"
     (repo / "minilm").mkdir(parents=True)
@@ -67,6 +108,7 @@ def minilm_repo(tmp: Path, max_batch_size: int, mode: str = "dynamic", slo_ms: f
     cfg = yaml.safe_load((src / "config.yaml").read_text())
     cfg["max_batch_size"] = max_batch_size
     cfg["dynamic_batching"]["mode"] = mode
+    cfg.setdefault("parameters", {}).update(overrides or {})
     if mode == "adaptive":
         cfg["dynamic_batching"]["slo_p99_ms"] = slo_ms
     if max_batch_size == 1:
@@ -77,10 +119,10 @@ def minilm_repo(tmp: Path, max_batch_size: int, mode: str = "dynamic", slo_ms: f
 
 
 def sweep(url: str, protocol: str, model: str, slo_ms: float, duration_s: float, high: float, out: Path,
-          extra: list[str]) -> dict[str, object]:
+          extra: list[str], max_probes: int = 6) -> dict[str, object]:
     cmd = [*HEADROOM, "bench", "sweep", url, "--model", model, "--protocol", protocol, "--slo-p99-ms", str(slo_ms),
            "--duration", str(duration_s), "--low-rate", str(max(4.0, 480.0 / duration_s)), "--high-rate", str(high),
-           "--tolerance", "0.15", "--max-probes", "6", "--seed", "7", "--confidence", str(CONFIDENCE),
+           "--tolerance", "0.15", "--max-probes", str(max_probes), "--seed", "7", "--confidence", str(CONFIDENCE),
            "--json", str(out), *extra]
     print("$", " ".join(cmd[2:]), flush=True)
     subprocess.run(cmd, check=True)
@@ -94,17 +136,64 @@ def peak_rate(result: dict[str, object]) -> float:
     raise KeyError(f"no peak rate in sweep result keys {sorted(result)}")
 
 
-def with_server(cmd: list[str], ready_url: str, work: callable) -> dict[str, object]:  # type: ignore[valid-type]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One server under test."""
+
+    name: str  # key in the results
+    cmd: list[str]  # how to start it
+    url: str  # its base URL
+    ready: Callable[[str, subprocess.Popen[bytes]], None]  # blocks until it answers
+    model: str = "minilm"  # model name to request
+    high_rate: float = 64.0  # upper end of the sweep (req/s)
+
+
+def headroom_target(name: str, repo: Path, model: str = "minilm", high_rate: float = 64.0,
+                    only: str | None = None) -> Target:
+    port = free_port()
+    cmd = [*HEADROOM, "serve", "--model-repository", str(repo), "--http-port", str(port), "--grpc-port", "-1",
+           "--no-access-log", *(["--model", only] if only else [])]
+    return Target(name, cmd, f"http://127.0.0.1:{port}",
+                  lambda url, proc: wait_ready(url + "/v2/health/ready", proc), model, high_rate)
+
+
+def started(targets: list[Target]) -> list[subprocess.Popen[bytes]]:
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        wait_ready(ready_url, proc)
-        return work()  # type: ignore[no-any-return]
-    finally:
+        for t in targets:
+            procs.append(subprocess.Popen(t.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            t.ready(t.url, procs[-1])
+    except BaseException:
+        stopped(procs)
+        raise
+    return procs
+
+
+def stopped(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
         proc.send_signal(signal.SIGTERM)
+    for proc in procs:
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def noop_overhead(t: Target, tmp: Path, duration: float, max_probes: int, round_no: int) -> dict[str, object]:
+    """A no-op Python model: single-stream latency (what the server adds per request) and the highest valid rate."""
+    single = tmp / f"noop_single_{round_no}.json"
+    dataset = tmp / "noop.jsonl"
+    body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [1.0, 2.0, 3.0, 4.0]}]}
+    dataset.write_text(json.dumps({"body": body}) + "\n")
+    noop_args = ["--workload", "jsonl", "--dataset-path", str(dataset)]
+    subprocess.run([*HEADROOM, "bench", "run", t.url, "--model", "noop", "--protocol", "v2-http",
+                    "--scenario", "single-stream", "--duration", "10", *noop_args, "--quiet",
+                    "--json", str(single)], check=True, stdout=subprocess.DEVNULL)
+    peak = sweep(t.url, "v2-http", "noop", 20.0, duration, t.high_rate, tmp / f"noop_sweep_{round_no}.json",
+                 noop_args, max_probes)
+    one = json.loads(single.read_text())
+    return {"single_stream_p50_ms": one["latency_ms"]["p50_ms"], "single_stream_p99_ms": one["latency_ms"]["p99_ms"],
+            "valid_qps": peak_rate(peak), "sweep_probes": peak.get("probes")}
 
 
 def main() -> None:
@@ -114,88 +203,72 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="20 s probes (results marked quick; a p99 claim needs >= 459 samples, so probes below "
                              "24 req/s cannot be VALID)")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds; each round sweeps every target once")
+    parser.add_argument("--max-probes", type=int, default=6, help="bisection probes per sweep")
+    parser.add_argument("--no-adaptive", action="store_true", help="skip the adaptive-window target")
+    parser.add_argument("--ort", action="append", default=[], metavar="intra=N,spin=on|off",
+                        help="extra onnxruntime settings to measure (repeatable): a dynamic + a batch-1 target each")
+    parser.add_argument("--tag", default="", help="suffix of the results file name")
     args = parser.parse_args()
     duration = 20.0 if args.quick else args.duration
     stamp = time.strftime("%Y-%m-%d")
     results_dir = ROOT / "benchmarks" / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="headroom-bench-"))
-    rows: dict[str, dict[str, object]] = {}
-    targets = [("headroom_dynamic", minilm_repo(tmp, 32)), ("headroom_batch1", minilm_repo(tmp, 1)),
-               ("headroom_adaptive", minilm_repo(tmp, 32, "adaptive", args.slo_p99_ms))]
-    for name, repo in targets:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = [*HEADROOM, "serve", "--model-repository", str(repo), "--http-port", str(port), "--grpc-port", "-1",
-               "--no-access-log"]
-        out = tmp / f"{name}.json"
-        res = with_server(cmd, url + "/v2/health/ready",
-                          lambda url=url, out=out: sweep(url, "openai-embeddings", "minilm", args.slo_p99_ms,
-                                                         duration, 64, out, []))
-        rows[name] = {"valid_qps": peak_rate(res), "sweep": res}
+    targets: list[Target] = []
+    for suffix, overrides in [("", {})] + [(f" [{s}]", parse_ort(s)) for s in args.ort]:
+        for kind, batch in (("headroom_dynamic", 32), ("headroom_batch1", 1)):
+            repo = minilm_repo(tmp / f"t{len(targets)}", batch, overrides=overrides)
+            targets.append(headroom_target(kind + suffix, repo))
+    if not args.no_adaptive:
+        targets.append(headroom_target("headroom_adaptive", minilm_repo(tmp / "ta", 32, "adaptive", args.slo_p99_ms)))
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [PY, str(ROOT / "benchmarks" / "serving" / "fastapi_baseline.py"), "--port", str(port)]
-    out = tmp / "fastapi.json"
-
-    def fastapi_ready_sweep() -> dict[str, object]:
-        return sweep(url, "openai-embeddings", "minilm", args.slo_p99_ms, duration, 32, out, [])
-
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    targets.append(Target("fastapi_transformers",
+                          [PY, str(ROOT / "benchmarks" / "serving" / "fastapi_baseline.py"), "--port", str(port)],
+                          f"http://127.0.0.1:{port}", wait_fastapi, high_rate=32.0))
+    noop = headroom_target("noop_overhead", ROOT / "models", "noop", 500.0, only="noop")
+    start_machine = machine()
+    runs: dict[str, list[dict[str, object]]] = {t.name: [] for t in [*targets, noop]}
+    procs = started([*targets, noop])
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                httpx.post(url + "/v1/embeddings", json={"input": "warm"}, timeout=5)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("FastAPI baseline did not start") from None
-                time.sleep(0.5)
-        res = fastapi_ready_sweep()
-        rows["fastapi_transformers"] = {"valid_qps": peak_rate(res), "sweep": res}
+        for round_no in range(args.repeats):
+            for t in targets:
+                res = sweep(t.url, "openai-embeddings", t.model, args.slo_p99_ms, duration, t.high_rate,
+                            tmp / f"{''.join(c if c.isalnum() else '_' for c in t.name)}-{round_no}.json", [],
+                            args.max_probes)
+                runs[t.name].append({"valid_qps": peak_rate(res), "load": os.getloadavg()[0], "sweep": res})
+                print(f"round {round_no + 1}: {t.name} valid {peak_rate(res):.1f} req/s", flush=True)
+            runs[noop.name].append(noop_overhead(noop, tmp, duration, args.max_probes, round_no))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-
-    # Overhead: a no-op Python model; single-stream p50 and the highest valid rate.
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    noop_cmd = [*HEADROOM, "serve", "--model-repository", str(ROOT / "models"), "--model", "noop",
-                "--http-port", str(port), "--grpc-port", "-1", "--no-access-log"]
-    single = tmp / "noop_single.json"
-    dataset = tmp / "noop.jsonl"
-    body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [1.0, 2.0, 3.0, 4.0]}]}
-    dataset.write_text(json.dumps({"body": body}) + "\n")
-    noop_args = ["--workload", "jsonl", "--dataset-path", str(dataset)]
-
-    def overhead() -> dict[str, object]:
-        subprocess.run([*HEADROOM, "bench", "run", url, "--model", "noop", "--protocol", "v2-http",
-                        "--scenario", "single-stream", "--duration", "10", *noop_args,
-                        "--json", str(single)], check=True)
-        peak = sweep(url, "v2-http", "noop", 20.0, duration, 500, tmp / "noop_sweep.json", noop_args)
-        return {"single_stream": json.loads(single.read_text()), "sweep": peak}
-
-    rows["noop_overhead"] = with_server(noop_cmd, url + "/v2/health/ready", overhead)
-    dyn, b1, fa = (rows[k]["valid_qps"] for k in ("headroom_dynamic", "headroom_batch1", "fastapi_transformers"))
+        stopped(procs)
+    valid = {k: statistics.median(float(r["valid_qps"]) for r in v) for k, v in runs.items()}  # type: ignore[arg-type]
+    ratios = {}
+    for key in [k for k in valid if k.startswith("headroom_dynamic")]:
+        suffix = key[len("headroom_dynamic"):]
+        ratios["dynamic_over_batch1" + suffix] = valid[key] / max(valid["headroom_batch1" + suffix], 1e-9)
+        ratios["dynamic_over_fastapi" + suffix] = valid[key] / max(valid["fastapi_transformers"], 1e-9)
+    if "headroom_adaptive" in valid:
+        ratios["adaptive_over_dynamic"] = valid["headroom_adaptive"] / max(valid["headroom_dynamic"], 1e-9)
+    noop_p50 = statistics.median(float(r["single_stream_p50_ms"]) for r in runs[noop.name])  # type: ignore[arg-type]
     doc = {
         "benchmark": "serving_minilm_batching",
         "command": " ".join([Path(PY).name, *sys.argv]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "note": "server and load generator share the machine's cores"},
+        "machine": {**start_machine, "load_average_end": os.getloadavg(),
+                    "note": "server and load generator share the machine's cores; rounds interleave targets"},
         "slo_p99_ms": args.slo_p99_ms, "probe_duration_s": duration, "quick": args.quick,
-        "confidence": CONFIDENCE,
-        "valid_qps": {k: v["valid_qps"] for k, v in rows.items() if "valid_qps" in v},
-        "ratios": {"dynamic_over_batch1": float(dyn) / max(float(b1), 1e-9),  # type: ignore[arg-type]
-                   "dynamic_over_fastapi": float(dyn) / max(float(fa), 1e-9),  # type: ignore[arg-type]
-                   "adaptive_over_dynamic": float(rows["headroom_adaptive"]["valid_qps"])  # type: ignore[arg-type]
-                   / max(float(dyn), 1e-9)},  # type: ignore[arg-type]
-        "details": rows,
+        "confidence": CONFIDENCE, "repeats": args.repeats,
+        "valid_qps": valid,  # medians over the rounds
+        "valid_qps_runs": {k: [r["valid_qps"] for r in v] for k, v in runs.items()},
+        "noop_single_stream_p50_ms": noop_p50,
+        "ratios": ratios,
+        "details": runs,
     }
-    out_path = results_dir / f"serving_{stamp}{'_quick' if args.quick else ''}.json"
+    name = f"serving_{stamp}{'_quick' if args.quick else ''}{'_' + args.tag if args.tag else ''}.json"
+    out_path = results_dir / name
     out_path.write_text(json.dumps(doc, indent=2, default=str))
-    print(json.dumps({"valid_qps": doc["valid_qps"], "ratios": doc["ratios"]}, indent=2))
+    print(json.dumps({"valid_qps": valid, "runs": doc["valid_qps_runs"], "ratios": ratios,
+                      "noop_single_stream_p50_ms": noop_p50}, indent=2))
     print(f"wrote {out_path}")
 
 

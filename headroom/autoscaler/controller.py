@@ -7,7 +7,7 @@ Scaling events are logged, kept in `events`, and exported on an injected Prometh
     headroom_autoscaler_desired_replicas            gauge
     headroom_autoscaler_utilisation                 gauge: the window-averaged normalised load acted on
     headroom_autoscaler_scaling_events_total{direction}   counter: up | down
-    headroom_replica_cold_start_seconds{stage}      histogram: spawn | listening | ready (from the actuator)
+    headroom_replica_cold_start_seconds{stage}      histogram: [scheduled (Ray) |] spawn | listening | ready
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from headroom.autoscaler.policy import AutoscalerConfig, AutoscalerState, MetricsSample, decide
 from headroom.core.clock import Clock
 from headroom.router.proxy import Router
-from headroom.router.replicas import Actuator, ColdStart
+from headroom.router.replicas import Actuator, ColdStartTiming
 
 log = logging.getLogger("headroom.autoscaler")
 
@@ -55,7 +55,10 @@ class AutoscalerMetrics:
         self.cold_start = Histogram("headroom_replica_cold_start_seconds", "Replica start, by stage.", ["stage"],
                                     buckets=COLD_START_BUCKETS_S, registry=registry)
 
-    def observe_cold_start(self, cs: ColdStart) -> None:
+    def observe_cold_start(self, cs: ColdStartTiming) -> None:
+        scheduled_s = getattr(cs, "scheduled_s", None)  # Ray replicas: until the actor was placed and running
+        if isinstance(scheduled_s, float):
+            self.cold_start.labels("scheduled").observe(scheduled_s)
         self.cold_start.labels("spawn").observe(cs.spawn_s)
         self.cold_start.labels("listening").observe(cs.listening_s)
         self.cold_start.labels("ready").observe(cs.ready_s)
@@ -148,7 +151,7 @@ class AutoscalerController:
                 await self._scaling
 
     def _export_cold_starts(self) -> None:
-        starts: list[ColdStart] = list(getattr(self.actuator, "cold_starts", []))
+        starts: list[ColdStartTiming] = list(getattr(self.actuator, "cold_starts", []))
         if self.metrics is not None:
             for cs in starts[self._cold_starts_seen:]:
                 self.metrics.observe_cold_start(cs)

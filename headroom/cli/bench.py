@@ -32,6 +32,7 @@ from headroom.loadgen.console import (
 from headroom.loadgen.runner import BenchConfig, RunOutcome, run_bench, sweep_peak_rate
 from headroom.loadgen.scenarios import SCENARIOS
 from headroom.loadgen.workloads import WORKLOADS
+from headroom.profiling.affinity import parse_cpus
 
 if TYPE_CHECKING:
     from typer._click.core import Context
@@ -101,20 +102,20 @@ SloP99 = Annotated[float, typer.Option("--slo-p99-ms", help="p99 latency bound (
 JsonOut = Annotated[
     Path | None, typer.Option("--json", help="Write the full result (config, environment, measurements) here.")
 ]
+HtmlOut = Annotated[
+    Path | None,
+    typer.Option(
+        "--html",
+        help="Write one self-contained interactive page (plotly, works offline) with every chart and the data.",
+    ),
+]
 
 
 def _parse_cpus(spec: str) -> set[int]:
-    cpus: set[int] = set()
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        try:
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-        except ValueError:
-            raise typer.BadParameter(f"--cpus {spec!r}: use a list like 0 or 0,1 or 2-3") from None
-    return cpus
+    try:
+        return set(parse_cpus(spec))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _pin(cpus: str) -> None:
@@ -182,8 +183,13 @@ Seed = Annotated[int, typer.Option(help="Seeds the schedule and the dataset.")]
 TimeoutS = Annotated[float, typer.Option(help="Per-request timeout (s); counted as status 'timeout'.")]
 MaxConn = Annotated[int, typer.Option(help="Pooled connections (HTTP).")]
 InputName = Annotated[str, typer.Option(help="V2 input tensor name (default: input for images, text for text).")]
-TextShape = Annotated[str, typer.Option(help="V2 shape of one text sample: 1,1 for a batching model whose input "
-                                        "is [1] per row (Triton style, the default), 1 for a non-batching model.")]
+TextShape = Annotated[
+    str,
+    typer.Option(
+        help="V2 shape of one text sample: 1,1 for a batching model whose input "
+        "is [1] per row (Triton style, the default), 1 for a non-batching model."
+    ),
+]
 NoStream = Annotated[bool, typer.Option(help="OpenAI: do not stream (no TTFT/TPOT/ITL).")]
 IgnoreEos = Annotated[bool, typer.Option(help="OpenAI: send ignore_eos (vLLM) so outputs have max_tokens tokens.")]
 MaxTokens = Annotated[int, typer.Option(help="OpenAI: max_tokens when the sample names none.")]
@@ -217,6 +223,7 @@ def run(
     json_out: JsonOut = None,
     markdown: Annotated[Path | None, typer.Option(help="Write the Markdown summary here.")] = None,
     plots: Annotated[Path | None, typer.Option(help="Write PNG plots into this directory.")] = None,
+    html: HtmlOut = None,
     concurrency: Concurrency = 0,
     num_queries: NumQueries = 0,
     cv: Cv = 1.0,
@@ -269,6 +276,8 @@ def run(
     except ValueError as exc:
         raise _fail(str(exc)) from None
     write_outputs(outcome, json_out, markdown, plots)
+    if html is not None:
+        console.print(f"wrote {_run_html(outcome, html)}")
     counts = outcome.result["counts"]
     if counts["completed"] and counts["ok"] == 0:
         examples = "; ".join(f"{k}: {v}" for k, v in counts["error_examples"].items())
@@ -309,6 +318,7 @@ def sweep(
         ),
     ] = "",
     plot: Annotated[Path | None, typer.Option(help="PNG of the Pareto frontier (knob sweep).")] = None,
+    html: HtmlOut = None,
     workload: Workload = "",
     dataset_path: DatasetPath = "",
     num_samples: NumSamples = 256,
@@ -409,6 +419,37 @@ def sweep(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(summary, indent=1))
         console.print(f"wrote {json_out}")
+    if html is not None:
+        console.print(f"wrote {_sweep_html(summary, html)}")
+
+
+def _run_html(outcome: RunOutcome, path: Path) -> Path:
+    from headroom.loadgen.html_report import write_run_html
+
+    ok = [r for r in outcome.collector.records if r.ok]
+    extra = {
+        "TTFT": [r.ttft_s * 1000.0 for r in ok if r.ttft_s is not None],
+        "TPOT": [r.tpot_s * 1000.0 for r in ok if r.tpot_s is not None],
+    }
+    latencies_ms = [r.latency_s * 1000.0 for r in ok]
+    return write_run_html(outcome.result, latencies_ms, path, {k: v for k, v in extra.items() if v})
+
+
+def _sweep_html(summary: dict[str, Any], path: Path) -> Path:
+    """Pareto page of a sweep: the knob's points, or every bisection probe (label = its rate)."""
+    from headroom.loadgen.html_report import write_pareto_html
+    from headroom.loadgen.knob import point_from_result
+    from headroom.loadgen.sweep import ParetoPoint, pareto_frontier
+
+    if summary["kind"] == "knob":
+        points = [
+            ParetoPoint(p["label"], p["throughput_per_s"], p["p99_ms"], p["on_frontier"]) for p in summary["points"]
+        ]
+        return write_pareto_html(points, path, f"Pareto frontier over {summary['knob']}", summary)
+    points = pareto_frontier([point_from_result(r) for r in summary["runs"]])
+    peak = f"{summary['peak_rate_per_s']:.3f}/s"
+    intro = f"<p>highest VALID rate under p99 &le; {summary['slo_p99_ms']:g} ms: <b>{peak}</b></p>"
+    return write_pareto_html(points, path, "Rate sweep: every probe on the latency-throughput plane", summary, intro)
 
 
 def _knob_sweep(
@@ -469,6 +510,7 @@ def compare(
 def pareto_cmd(
     results: Annotated[list[Path], typer.Argument(help="Result JSONs (each run's --label names its point).")],
     plot: Annotated[Path | None, typer.Option(help="Write the frontier as PNG here.")] = None,
+    html: HtmlOut = None,
 ) -> None:
     """Mark which runs are on the latency-throughput Pareto frontier (goodput when an SLO was set)."""
     from headroom.loadgen.knob import point_from_result
@@ -485,3 +527,8 @@ def pareto_cmd(
     print_pareto(points)
     if plot is not None:
         console.print(f"wrote {pareto(points, plot)}")
+    if html is not None:
+        from headroom.loadgen.html_report import write_pareto_html
+
+        data = {"kind": "pareto", "points": [point_json(p) for p in points], "files": [str(p) for p in results]}
+        console.print(f"wrote {write_pareto_html(points, html, 'Latency-throughput Pareto frontier', data)}")

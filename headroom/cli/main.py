@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from headroom.cli import bench, build_models, plan, profile, serve, sim
+from headroom.cli import bench, build_models, models, plan, profile, serve, sim
 from headroom.gateway import keys_cli
 from headroom.lifecycle import batch_cli
 from headroom.router import cli as router_cli
@@ -20,6 +20,7 @@ app = typer.Typer(
 app.command("serve")(serve.serve)
 app.command("build-models")(build_models.build_models)
 app.command("profile")(profile.profile)
+app.add_typer(models.app, name="models")
 app.add_typer(bench.app, name="bench")
 app.add_typer(plan.app, name="plan")
 app.add_typer(sim.app, name="sim")

@@ -47,6 +47,8 @@ def serve(
     llm_tokens_per_s: float = typer.Option(0.0, help="Per-tenant LLM tokens per second (0 = unlimited)."),
     llm_token_burst: float = typer.Option(0.0, help="Per-tenant LLM token burst."),
     body_timeout_s: float = typer.Option(30.0, help="A request body must arrive within this (slow clients: 408)."),
+    headers_timeout_s: float = typer.Option(10.0, min=0.0, help="The request line and headers must arrive within "
+                                            "this (slowloris: 408 and the connection closed; 0 = no deadline)."),
     cors_origin: list[str] = typer.Option([], "--cors-origin", help="Allow this browser origin (repeatable)."),
     tls_certfile: Path = typer.Option(None, help="PEM certificate chain: serve HTTPS and gRPC over TLS."),
     tls_keyfile: Path = typer.Option(None, help="PEM private key for --tls-certfile."),
@@ -54,6 +56,16 @@ def serve(
     trace_spans_file: Path = typer.Option(None, help="Write OpenTelemetry spans here as JSON lines."),
     precomputed: Path = typer.Option(None, help="SQLite predictions from `headroom batch`: answered from the store "
                                      "when every row is there, else the model runs (hit/miss in /metrics)."),
+    model_memory_budget_mb: float = typer.Option(0.0, min=0.0, help="Load models on demand within this many MiB "
+                                                 "(size = their files on disk) and evict the least recently used "
+                                                 "idle ones; `pinned: true` in config.yaml keeps a model. "
+                                                 "0 = load all at start."),
+    drift_threshold_psi: float = typer.Option(0.2, help="Warn when a model's mean input PSI against its training "
+                                              "reference (drift_reference.npz) exceeds this."),
+    drift_sample_every: int = typer.Option(1, min=1, help="Feed every N-th request into the input-drift monitor."),
+    cpus: str = typer.Option("", "--cpus", help="Pin the server (and its replicas) to these CPUs before models "
+                             "load, as taskset -c: 0, 0-1, 0,2-3. Thread counts are per model: "
+                             "runtime.intra_op_threads in config.yaml."),
     replicas: int = typer.Option(1, min=1, help="N > 1: a router (peak-EWMA, health checks, shedding) in front "
                                  "of N replica processes; see `headroom route` for every router option."),
 ) -> None:
@@ -64,6 +76,15 @@ def serve(
     import dataclasses
 
     import uvloop  # ships with uvicorn[standard]
+
+    if cpus:
+        from headroom.profiling.affinity import pin_process
+
+        try:
+            pin_process(cpus)  # first: the runtimes' thread pools, created later, inherit it
+        except ValueError as exc:
+            Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}")
+            raise typer.Exit(code=2) from None
 
     if replicas > 1:
         from headroom.router import cli as router_cli
@@ -78,6 +99,8 @@ def serve(
     from headroom.gateway.app import exposure_warning, gateway_setup
     from headroom.gateway.context import install_log_context
     from headroom.gateway.tls import TlsConfig
+    from headroom.lifecycle.drift import DriftConfig
+    from headroom.lifecycle.drift_feed import DriftFeedConfig
     from headroom.server.app import Server, ServerConfig  # heavy imports: not at `headroom --help`
     from headroom.server.http_app import HttpLimits
     from headroom.server.logging import configure_logging
@@ -87,7 +110,8 @@ def serve(
     max_body_bytes = int(max_body_mb * 1024 * 1024)
     try:
         setup = gateway_setup(api_keys_file, max_body_bytes, rate_limit_rps, rate_limit_burst, llm_tokens_per_s,
-                              llm_token_burst, cors_origin, body_timeout_s)
+                              llm_token_burst, cors_origin, body_timeout_s,
+                              headers_timeout_s=headers_timeout_s)
         # The data plane writes the per-request access line (HTTP and gRPC alike); the gateway stays quiet.
         setup = dataclasses.replace(setup, config=dataclasses.replace(setup.config, access_log=False))
         tls = None
@@ -103,6 +127,9 @@ def serve(
             models=tuple(model) or None, limits=HttpLimits(max_body_bytes=max_body_bytes),
             drain_timeout_s=drain_timeout_s, log_level=log_level, gateway=setup, tls=tls,
             trace_spans_file=trace_spans_file, precomputed=precomputed,
+            model_memory_budget_bytes=int(model_memory_budget_mb * 2**20),
+            drift=DriftFeedConfig(sample_every=drift_sample_every,
+                                  monitor=DriftConfig(threshold_psi=drift_threshold_psi)),
         )
         uvloop.run(Server(config).run(on_ready=_banner))
     except ValueError as exc:  # configuration problems: say what to fix, no traceback

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -55,7 +56,7 @@ def _print(result: SimResult, cfg: SimConfig, profile: ServiceProfile) -> None:
         ("max queue depth", f"{result.max_queue_depth:,}"), ("mean batch size", f"{result.mean_batch_size:.2f}"),
         ("P50", ms(result.p50_latency_s)), ("P95", ms(result.p95_latency_s)), ("P99", ms(result.p99_latency_s)),
         ("mean latency", ms(result.mean_latency_s)), ("mean wait", ms(result.mean_wait_s)),
-        ("mean TTFT", ms(result.mean_ttft_s)),
+        *_token_rows(result, ms),
         ("replicas at end", str(result.replica_timeline[-1][1] if result.replica_timeline else cfg.replicas)),
         ("simulated in", f"{result.wall_s:.2f} s ({result.offered / max(result.wall_s, 1e-9) * 60 / 1e6:.2f} "
                          "M req/min)"),
@@ -63,6 +64,14 @@ def _print(result: SimResult, cfg: SimConfig, profile: ServiceProfile) -> None:
     for name, value in rows:
         table.add_row(name, value)
     Console().print(table)
+
+
+def _token_rows(result: SimResult, ms: Callable[[float], str]) -> list[tuple[str, str]]:
+    """TTFT / TPOT / ITL percentiles (continuous batching only; nothing otherwise)."""
+    if math.isnan(result.ttft_p50_s):
+        return []
+    return [(f"{label} p50 / p90 / p99", " / ".join(ms(getattr(result, f"{key}_p{q}_s")) for q in (50, 90, 99)))
+            for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"))]
 
 
 @app.callback()

@@ -1,25 +1,32 @@
-"""Starlette routes for the dashboard: the static page and the simulator playground API.
+"""Starlette routes for the dashboard: the static page, live server numbers and the simulator playground API.
 
-    GET  /dashboard                  the single-page playground (vanilla JS, inline SVG; nothing fetched)
+    GET  /dashboard                  the single page: live charts + the playground (vanilla JS, inline SVG;
+                                     nothing fetched from elsewhere)
+    GET  /dashboard/api/live         per-model rate, p50/p99, queue, batch size, KV cache, ... over the last
+                                     window, from the server's Prometheus registry (404 when not attached to one)
     GET  /dashboard/api/presets      servers, batching modes and the page's three suggested experiments
     POST /dashboard/api/simulate     {server, batching, replicas, autoscale, qps[, duration_s, seed]}
                                      -> metrics and a coloured histogram (the simulation runs in a thread)
 
-The lead mounts these into the server: ``routes.extend(dashboard_routes())``.
+The server mounts these with its registry: ``dashboard_routes(registry=registry)``.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from headroom.core.clock import Clock, MonotonicClock
+from headroom.dashboard.live import LiveSampler, point_json
 from headroom.dashboard.playground import BATCHING, PRESETS, SERVERS, PlaygroundRequest, run_playground
 
 
@@ -39,9 +46,21 @@ def _page() -> str:
     return resources.files("headroom.dashboard").joinpath("page.html").read_text(encoding="utf-8")
 
 
-def dashboard_routes(prefix: str = "/dashboard") -> list[Route]:
-    """The dashboard's routes under `prefix`."""
+def dashboard_routes(prefix: str = "/dashboard", registry: CollectorRegistry | None = None,
+                     clock: Clock | None = None, live_window_s: float = 5.0,
+                     replicas: Callable[[], int | None] | None = None) -> list[Route]:
+    """The dashboard's routes under `prefix`. With `registry` (the server's), `/api/live` serves its live
+    numbers over `live_window_s`; `replicas` reports the serving replica count where something knows it."""
     page = _page()
+    sampler = (LiveSampler(registry, clock or MonotonicClock(), live_window_s, replicas)
+               if registry is not None else None)
+
+    async def live(request: Request) -> Response:
+        if sampler is None:
+            return JSONResponse({"error": "no live metrics: this dashboard is not attached to a server's "
+                                          "registry (start it with `headroom serve`)", "reason": "not_found"},
+                                status_code=404)
+        return JSONResponse(point_json(sampler.point()), headers={"cache-control": "no-store"})
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page)
@@ -63,6 +82,7 @@ def dashboard_routes(prefix: str = "/dashboard") -> list[Route]:
 
     return [
         Route(prefix, index, methods=["GET"]),
+        Route(f"{prefix}/api/live", live, methods=["GET"]),
         Route(f"{prefix}/api/presets", presets, methods=["GET"]),
         Route(f"{prefix}/api/simulate", simulate, methods=["POST"]),
     ]

@@ -91,11 +91,13 @@ def gateway_setup(
     cors_origins: Sequence[str] = (),
     body_timeout_s: float = InputLimits().body_timeout_s,
     max_json_depth: int = InputLimits().max_json_depth,
+    headers_timeout_s: float = InputLimits().headers_timeout_s,
 ) -> GatewaySetup:
     """Flags → setup. Auth is on exactly when a keys file is given; rates of 0 mean unlimited."""
     keys = KeyStore.from_file(api_keys_file) if api_keys_file is not None else None
     limits = InputLimits(
-        max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, max_json_depth=max_json_depth
+        max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, max_json_depth=max_json_depth,
+        headers_timeout_s=headers_timeout_s,
     )
     rates = RateLimitConfig.of(rate_limit_rps, rate_limit_burst, llm_tokens_per_s, llm_token_burst)
     config = GatewayConfig(auth_enabled=keys is not None, limits=limits, rate_limits=rates)

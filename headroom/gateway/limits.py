@@ -33,6 +33,7 @@ class InputLimits:
     body_timeout_s: float = 60.0  # the whole body must arrive within this: 408 (0 = no limit)
     min_body_rate_bytes_per_s: float = 1024.0  # after the grace period, bodies slower than this: 408
     body_grace_s: float = 5.0  # seconds before the minimum rate applies
+    headers_timeout_s: float = 10.0  # request line + headers within this of its first byte / the connect: 408
 
     def __post_init__(self) -> None:
         for name in (
@@ -48,8 +49,9 @@ class InputLimits:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"InputLimits.{name} must be >= 0")
-        if self.body_timeout_s < 0 or self.min_body_rate_bytes_per_s < 0 or self.body_grace_s < 0:
-            raise ValueError("body_timeout_s, min_body_rate_bytes_per_s and body_grace_s must be >= 0")
+        if min(self.body_timeout_s, self.min_body_rate_bytes_per_s, self.body_grace_s, self.headers_timeout_s) < 0:
+            raise ValueError("body_timeout_s, min_body_rate_bytes_per_s, body_grace_s and headers_timeout_s "
+                             "must be >= 0")
 
 
 def check_headers(headers: Iterable[tuple[bytes, bytes]], limits: InputLimits) -> None:
@@ -170,8 +172,25 @@ def _prompt_chars(body: Mapping[str, object]) -> int:
     return total
 
 
+@dataclass(frozen=True, slots=True)
+class TokenEstimate:
+    """The LLM tokens an OpenAI request may use, charged to the tenant's bucket before it runs."""
+
+    prompt_tokens: int  # prompt characters / 4 + 1 (embeddings: the inputs' characters / 4 + 1)
+    completion_tokens: int  # `max_tokens` (16 when absent) × `n`: reserved, the unused part is refunded
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
 def check_openai_body(path: str, body: bytes, limits: InputLimits) -> int:
-    """Model name and LLM knobs of an OpenAI request; returns the LLM tokens it may use (for rate limits).
+    """Model name and LLM knobs of an OpenAI request; returns the LLM tokens it may use (for rate limits)."""
+    return estimate_openai_body(path, body, limits).total
+
+
+def estimate_openai_body(path: str, body: bytes, limits: InputLimits) -> TokenEstimate:
+    """Check the model name and LLM knobs of an OpenAI request (400s) and estimate the tokens it may use.
 
     The estimate is prompt characters / 4 (+1) plus `max_tokens × n`; a body that is not a JSON object is left
     to the handler (which answers 400). Embeddings count prompt characters / 4 only.
@@ -179,9 +198,9 @@ def check_openai_body(path: str, body: bytes, limits: InputLimits) -> int:
     try:
         doc = orjson.loads(body) if body else None
     except orjson.JSONDecodeError:
-        return 0
+        return TokenEstimate(0, 0)
     if not isinstance(doc, dict):
-        return 0
+        return TokenEstimate(0, 0)
     model = doc.get("model")
     if isinstance(model, str):
         check_model_name(model, "'model'")
@@ -194,7 +213,7 @@ def check_openai_body(path: str, body: bytes, limits: InputLimits) -> int:
             if isinstance(inputs, list)
             else 0
         )
-        return chars // 4 + 1
+        return TokenEstimate(chars // 4 + 1, 0)
     max_tokens = max(_count_int(doc, "max_tokens"), _count_int(doc, "max_completion_tokens"))
     if limits.max_tokens and max_tokens > limits.max_tokens:
         raise InvalidRequest(f"max_tokens={max_tokens} exceeds this server's limit of {limits.max_tokens}")
@@ -207,7 +226,7 @@ def check_openai_body(path: str, body: bytes, limits: InputLimits) -> int:
             f"the prompt has {chars} characters, above this server's limit of "
             f"{limits.max_prompt_chars}; shorten it"
         )
-    return chars // 4 + 1 + (max_tokens or 16) * n
+    return TokenEstimate(chars // 4 + 1, (max_tokens or 16) * n)
 
 
 def body_deadline_s(limits: InputLimits, started_s: float, received_bytes: int) -> float:

@@ -9,6 +9,9 @@ Per HTTP request, in order (each refusal is one JSON 4xx and the app is never ca
 
 It wraps `send` only to note the status and add `X-Request-Id`, passing every message on at once, so
 streamed (SSE) responses stay streamed. Health probes and /metrics (configurable) skip auth and rate limits.
+When the request ends (just before its last body message goes out, or after the app returns when the client
+left or the app failed) it settles the LLM tokens charged up front, refunding what was reserved but not
+generated (`headroom.gateway.usage`), ends the ingress span with its stage spans, and writes the access line.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry, Counter
@@ -50,20 +54,23 @@ from headroom.gateway.limits import (
     EMBEDDING_PATHS,
     LLM_PATHS,
     InputLimits,
+    TokenEstimate,
     body_deadline_s,
     check_content_length,
     check_headers,
     check_json_shape,
     check_model_path,
-    check_openai_body,
+    estimate_openai_body,
 )
 from headroom.gateway.ratelimit import RateLimitConfig, RateLimiter
 from headroom.gateway.tracing import (
     IngressSpan,
+    SpanPlan,
+    llm_span_plan,
     parse_traceparent,
-    stage_durations,
-    timings_from_server_timing,
+    span_plan_from_server_timing,
 )
+from headroom.gateway.usage import LLMUsage, reported_usage, unused_tokens
 from headroom.server.timing import parse_server_timing
 
 access_log = logging.getLogger("headroom.gateway.access")
@@ -83,6 +90,7 @@ class GatewayConfig:
     anonymous_tenant: str = "anonymous"  # tenant name when auth is off
     keys_reload_interval_s: float = 5.0  # how often to check the keys file for changes (revocations)
     access_log: bool = True  # one `headroom.gateway.access` JSON line per request (never headers or keys)
+    llm_access_log: bool = True  # that line for the OpenAI generation routes even when access_log is off
 
 
 def is_exempt(path: str, exempt_paths: tuple[str, ...]) -> bool:
@@ -145,7 +153,25 @@ class GatewayMiddleware:
         tenant, key_id = self.config.anonymous_tenant, ""
         ingress: IngressSpan | None = None
         status = {"code": 0}
+        state: dict[str, Any] = {}
+        server_timing: list[bytes] = []
+        reserved_tokens = 0  # LLM completion tokens charged up front, settled when the request ends
+        settled = False
         token = bind_context(RequestContext(request_id, tenant, key_id, ""))
+
+        def settle() -> None:
+            """Refund unused LLM tokens and end the spans, once, when the response is complete."""
+            nonlocal settled
+            if settled:
+                return
+            settled = True
+            usage = reported_usage(state)
+            if reserved_tokens:
+                refund = unused_tokens(reserved_tokens, usage, status["code"])
+                self.limiter.refund(tenant, refund, self.clock.now_s())
+            if ingress is not None:
+                _finish_span(ingress, server_timing, status["code"], usage)
+
         try:
             try:
                 check_headers(headers, self.config.limits)
@@ -156,12 +182,14 @@ class GatewayMiddleware:
                     tenant, key_id = principal.tenant, principal.key_id
                     bind_context(RequestContext(request_id, tenant, key_id, ""))
                 body: bytes | None = None
-                llm_tokens = 0
+                estimate = TokenEstimate(0, 0)
                 if scope["method"] in _BODY_METHODS:
                     body = await self._read_body(receive, headers)
-                    llm_tokens = self._check_body(path, headers, body)
+                    estimate = self._check_body(path, headers, body)
                 if not exempt and self._rate_limited:
-                    self._rate_limit(tenant, llm_tokens)
+                    self._rate_limit(tenant, estimate.total)
+                    if path in LLM_PATHS and self.limiter.config_for(tenant).llm_tokens.enabled:
+                        reserved_tokens = estimate.completion_tokens
             except HeadroomError as exc:  # 408/413: the body was not read, so hang up after answering
                 status["code"] = exc.http_status
                 if self.refused is not None:
@@ -181,37 +209,35 @@ class GatewayMiddleware:
                 headers = [(k, v) for k, v in headers if k != b"traceparent"]  # tracestate passes on as is
                 headers.append((b"traceparent", ingress.traceparent.encode()))
                 bind_context(RequestContext(request_id, tenant, key_id, ingress.traceparent))
-            state = {**scope.get("state", {}), "tenant": tenant, "key_id": key_id, "request_id": request_id}
+            state.update(scope.get("state", {}))
+            state.update({"tenant": tenant, "key_id": key_id, "request_id": request_id})
             inner_scope = {**scope, "headers": headers, "state": state}
             try:
                 await self.app(
                     inner_scope,
                     replay_body(body, receive) if body is not None else receive,
-                    self._wrap_send(send, request_id, status, ingress),
+                    self._wrap_send(send, request_id, status, server_timing, settle),
                 )
             except Exception:
                 status["code"] = status["code"] or 500
                 raise
         finally:
-            duration_ms = (self.clock.now_s() - started_s) * 1e3
-            if self.config.access_log and access_log.isEnabledFor(logging.INFO):
-                access_log.info(
-                    "%s %s %d",
-                    scope["method"],
-                    path,
-                    status["code"],
-                    extra={
-                        "fields": {
-                            "method": scope["method"],
-                            "path": path,
-                            "status": status["code"],
-                            "tenant": tenant,
-                            "key_id": key_id,
-                            "request_id": request_id,
-                            "duration_ms": round(duration_ms, 3),
-                        }
-                    },
-                )
+            settle()  # the client left, or the app failed, before the last body message
+            wanted = self.config.access_log or (self.config.llm_access_log and path in LLM_PATHS)
+            if wanted and access_log.isEnabledFor(logging.INFO):
+                fields: dict[str, Any] = {
+                    "method": scope["method"],
+                    "path": path,
+                    "status": status["code"],
+                    "tenant": tenant,
+                    "key_id": key_id,
+                    "request_id": request_id,
+                    "duration_ms": round((self.clock.now_s() - started_s) * 1e3, 3),
+                }
+                usage = reported_usage(state)
+                if usage is not None:
+                    fields.update(usage.log_fields())
+                access_log.info("%s %s %d", scope["method"], path, status["code"], extra={"fields": fields})
             reset_context(token)
 
     # -- steps -------------------------------------------------------------------------------------------
@@ -252,7 +278,7 @@ class GatewayMiddleware:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
-    def _check_body(self, path: str, headers: list[tuple[bytes, bytes]], body: bytes) -> int:
+    def _check_body(self, path: str, headers: list[tuple[bytes, bytes]], body: bytes) -> TokenEstimate:
         limits = self.config.limits
         header_len = header_value(headers, b"inference-header-content-length")
         if header_len is not None:
@@ -266,10 +292,10 @@ class GatewayMiddleware:
         ):
             check_json_shape(body, limits)
         if path in LLM_PATHS:
-            return check_openai_body(path, body, limits)
+            return estimate_openai_body(path, body, limits)
         if path in EMBEDDING_PATHS:
-            check_openai_body(path, body, limits)
-        return 0
+            estimate_openai_body(path, body, limits)
+        return TokenEstimate(0, 0)
 
     def _rate_limit(self, tenant: str, llm_tokens: int) -> None:
         decision = self.limiter.check(tenant, llm_tokens, self.clock.now_s())
@@ -288,9 +314,14 @@ class GatewayMiddleware:
         )
 
     def _wrap_send(
-        self, send: Send, request_id: str, status: dict[str, int], ingress: IngressSpan | None
+        self,
+        send: Send,
+        request_id: str,
+        status: dict[str, int],
+        server_timing: list[bytes],
+        on_last_body: Callable[[], None],
     ) -> Send:
-        server_timing: list[bytes] = []
+        """Note the status and Server-Timing, add X-Request-Id; call `on_last_body` before the last body goes."""
 
         async def wrapped(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -302,25 +333,27 @@ class GatewayMiddleware:
                 if timing is not None:
                     server_timing.append(timing)
                 message = {**message, "headers": out}
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                on_last_body()  # before the client can see the end (and send its next request)
             await send(message)
-            if (
-                ingress is not None
-                and message["type"] == "http.response.body"
-                and not message.get("more_body")
-            ):
-                _finish_span(ingress, server_timing, status["code"])
 
         return wrapped
 
 
-def _finish_span(ingress: IngressSpan, server_timing: list[bytes], status_code: int) -> None:
-    timings = (
-        timings_from_server_timing(parse_server_timing(server_timing[0].decode("latin-1")))
-        if server_timing
-        else None
+def _finish_span(
+    ingress: IngressSpan, server_timing: list[bytes], status_code: int, usage: LLMUsage | None
+) -> None:
+    plan: SpanPlan | None = None
+    if usage is not None:
+        plan = llm_span_plan(usage)
+    elif server_timing:
+        plan = span_plan_from_server_timing(parse_server_timing(server_timing[0].decode("latin-1")))
+    if plan is None:
+        ingress.finish([], time.time_ns(), None, status_code)
+        return
+    ingress.finish(
+        plan.stages, time.time_ns(), plan.total_ms, status_code, plan.stage_attributes, plan.attributes
     )
-    stages = stage_durations(timings) if timings is not None else []
-    ingress.finish(stages, time.time_ns(), timings.total_ms if timings is not None else None, status_code)
 
 
 def _slow(limits: InputLimits, received: int) -> RequestTimeout:

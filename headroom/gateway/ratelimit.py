@@ -2,7 +2,9 @@
 
 Two buckets per tenant: one counts requests, one counts LLM tokens (prompt estimate + max_tokens × n). A
 bucket holds at most `burst` tokens and refills at `rate_per_s`; a request that finds too few tokens is
-refused with the exact time until enough will be there (`Retry-After`). Nothing here reads a clock or
+refused with the exact time until enough will be there (`Retry-After`). LLM tokens are charged up front
+(so admission is immediate) and settled when the request ends: `refund` gives back what was reserved but not
+generated (never above the burst), or charges an overrun (a negative refund). Nothing here reads a clock or
 mutates anything; `RateLimiter` is the thin stateful holder the middleware uses.
 """
 
@@ -67,6 +69,26 @@ def take(
     return BucketDecision(False, retry_s, level), BucketState(level, now_s)
 
 
+def give_back(
+    config: BucketConfig, state: BucketState | None, amount: float, now_s: float
+) -> BucketState | None:
+    """Put `amount` tokens back at `now_s` (a refund), capped at `burst`; a negative amount takes more.
+
+    A charge beyond what is there leaves the bucket below zero (a debt the refill pays off before the next
+    request fits). No state is a full bucket, which a refund cannot raise; a disabled bucket is untouched.
+    """
+    if not math.isfinite(amount):
+        raise ValueError(f"amount must be finite, got {amount}")
+    if not config.enabled or (state is None and amount >= 0):
+        return state
+    if state is None:
+        level = config.burst
+    else:
+        elapsed_s = max(0.0, now_s - state.updated_s)
+        level = min(config.burst, state.tokens + elapsed_s * config.rate_per_s)
+    return BucketState(min(config.burst, level + amount), now_s)
+
+
 @dataclass(frozen=True, slots=True)
 class RateLimitConfig:
     """A tenant's limits (0 rate = unlimited)."""
@@ -123,6 +145,11 @@ def admit(
     return AdmitDecision(True, 0.0, ""), replace(state, requests=req_state)
 
 
+def refund(config: RateLimitConfig, state: TenantState, llm_tokens: float, now_s: float) -> TenantState:
+    """Settle an admitted request's LLM tokens: give back `llm_tokens` unused (negative: charge the overrun)."""
+    return replace(state, llm_tokens=give_back(config.llm_tokens, state.llm_tokens, llm_tokens, now_s))
+
+
 class RateLimiter:
     """Holds every tenant's bucket state; the decisions are `admit`'s. Not thread-safe (one event loop)."""
 
@@ -153,6 +180,13 @@ class RateLimiter:
         if len(self._state) > self.max_tracked_tenants:
             self._forget_full(now_s)
         return decision
+
+    def refund(self, tenant: str, llm_tokens: float, now_s: float) -> None:
+        """Settle LLM tokens charged by `check` (see `refund`); a forgotten tenant's bucket is already full."""
+        state = self._state.get(tenant)
+        if state is None and llm_tokens >= 0:
+            return
+        self._state[tenant] = refund(self.config_for(tenant), state or TenantState(), llm_tokens, now_s)
 
     def _forget_full(self, now_s: float) -> None:
         """Drop tenants whose buckets have refilled: forgetting them changes no future decision."""

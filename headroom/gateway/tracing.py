@@ -2,11 +2,11 @@
 
     ingress (SERVER span: the whole HTTP exchange, child of the client's traceparent when one came)
     ├── preprocess   ├── queue   ├── batch   ├── compute   └── postprocess      (tensor models)
-    └── queue        └── prefill └── decode                                     (LLM requests)
+    └── llm.queue    └── llm.prefill (prompt tokens)   └── llm.decode (output tokens)   (LLM requests)
 
-Stage spans are laid end to end, ending when the server's `total` ends, so a trace viewer shows where the
-time went. Spans go to an injected `TracerProvider` (an in-memory exporter in tests, OTLP in production);
-nothing here touches OpenTelemetry's global provider.
+Stage spans are laid end to end from when the server's `total` starts (an LLM request's stages after its
+preprocessing), so a trace viewer shows where the time went. Spans go to an injected `TracerProvider` (an
+in-memory exporter in tests, OTLP in production); nothing here touches OpenTelemetry's global provider.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from headroom.core.types import StageTimings
+from headroom.gateway.usage import LLMUsage
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 TRACER_NAME = "headroom.gateway"
@@ -70,7 +71,45 @@ def stage_durations(timings: StageTimings) -> list[tuple[str, float]]:
 
 def llm_stage_durations(queue_ms: float, prefill_ms: float, decode_ms: float) -> list[tuple[str, float]]:
     """(span name, milliseconds) of an LLM request's stages."""
-    return [("queue", queue_ms), ("prefill", prefill_ms), ("decode", decode_ms)]
+    return [("llm.queue", queue_ms), ("llm.prefill", prefill_ms), ("llm.decode", decode_ms)]
+
+
+Attributes = Mapping[str, str | int | float]
+
+
+@dataclass(frozen=True, slots=True)
+class SpanPlan:
+    """The child spans of one finished request, ready for `IngressSpan.finish`."""
+
+    stages: tuple[tuple[str, float], ...]  # (span name, ms) end to end; an empty name is a gap, not a span
+    total_ms: float | None  # the server's whole time (stages start this long before the end); None: their sum
+    stage_attributes: Mapping[str, Attributes]  # extra attributes by span name
+    attributes: Attributes  # extra attributes for the ingress span
+
+
+def llm_span_plan(usage: LLMUsage) -> SpanPlan:
+    """llm.queue → llm.prefill → llm.decode after the route's preprocessing, with token counts."""
+    prompt = {"gen_ai.usage.input_tokens": usage.prompt_tokens, "headroom.llm.cached_tokens": usage.cached_tokens}
+    output = {"gen_ai.usage.output_tokens": usage.completion_tokens}
+    return SpanPlan(
+        stages=(("", usage.preprocess_ms), *llm_stage_durations(usage.queue_ms, usage.prefill_ms, usage.decode_ms)),
+        total_ms=usage.total_ms,
+        stage_attributes={"llm.prefill": prompt, "llm.decode": output},
+        attributes={**prompt, **output, "headroom.llm.finish_reason": usage.finish_reason},
+    )
+
+
+def span_plan_from_server_timing(values: Mapping[str, float]) -> SpanPlan | None:
+    """Child spans from a parsed `Server-Timing` header: LLM stages when it has `prefill`, else tensor ones."""
+    if "total" not in values:
+        return None
+    if "prefill" in values or "decode" in values:
+        stages = llm_stage_durations(values.get("queue", 0.0), values.get("prefill", 0.0), values.get("decode", 0.0))
+        return SpanPlan((("", values.get("preprocess", 0.0)), *stages), values["total"], {}, {})
+    timings = timings_from_server_timing(values)
+    if timings is None:
+        return None
+    return SpanPlan(tuple(stage_durations(timings)), timings.total_ms, {}, {})
 
 
 class IngressSpan:
@@ -99,6 +138,8 @@ class IngressSpan:
         )
         ctx = self.span.get_span_context()
         self.traceparent = format_traceparent(ctx.trace_id, ctx.span_id, ctx.trace_flags.sampled)
+        self.finished = False  # finish() ran (it runs once)
+        self.start_ns = start_ns  # wall-clock start; stage spans never begin before it
 
     def finish(
         self,
@@ -106,16 +147,28 @@ class IngressSpan:
         end_ns: int,
         total_ms: float | None = None,
         status_code: int | None = None,
+        stage_attributes: Mapping[str, Attributes] | None = None,
+        attributes: Attributes | None = None,
     ) -> None:
-        """Record `stages` as children ending `total_ms` after they start (default: their sum), then end."""
+        """Record `stages` as children, laid end to end from `total_ms` before `end_ns` (default: their
+        sum; a stage with an empty name only moves the start of the next), then end the span. Children stay
+        inside this span (a server clock that ran ahead of the gateway's shortens the last ones)."""
+        if self.finished:
+            return
+        self.finished = True
         ctx = trace.set_span_in_context(self.span)
         durations_ns = [max(0, int(ms * 1e6)) for _, ms in stages]
         span_total_ns = int(total_ms * 1e6) if total_ms is not None else sum(durations_ns)
-        cursor = end_ns - max(span_total_ns, sum(durations_ns))
+        cursor = max(self.start_ns, end_ns - max(span_total_ns, sum(durations_ns)))
         for (name, _), dur_ns in zip(stages, durations_ns, strict=True):
-            child = self._tracer.start_span(name, context=ctx, start_time=cursor)
-            cursor += dur_ns
-            child.end(end_time=cursor)
+            stage_end = min(end_ns, cursor + dur_ns)
+            if name:
+                attrs = (stage_attributes or {}).get(name)
+                child = self._tracer.start_span(name, context=ctx, start_time=cursor, attributes=attrs)
+                child.end(end_time=stage_end)
+            cursor = stage_end
+        if attributes:
+            self.span.set_attributes(attributes)
         if status_code is not None:
             self.span.set_attribute("http.response.status_code", status_code)
             if status_code >= 500:

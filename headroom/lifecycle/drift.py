@@ -105,8 +105,27 @@ class DriftStatus:
     drifting: bool  # psi_mean > threshold_psi
 
 
+@dataclass(frozen=True, slots=True)
+class DriftMetrics:
+    """The drift metric families, registered once per registry and shared by every model's monitor."""
+
+    psi: Gauge  # headroom_input_drift_psi{model,feature}
+    psi_mean: Gauge  # headroom_input_drift_psi_mean{model}
+    alerts: Counter  # headroom_input_drift_alerts_total{model}
+
+    @staticmethod
+    def create(registry: CollectorRegistry) -> DriftMetrics:
+        return DriftMetrics(
+            Gauge("headroom_input_drift_psi", "PSI of one input feature against training", ["model", "feature"],
+                  registry=registry),
+            Gauge("headroom_input_drift_psi_mean", "Mean input PSI over features", ["model"], registry=registry),
+            Counter("headroom_input_drift_alerts", "Times the mean PSI crossed the threshold", ["model"],
+                    registry=registry),
+        )
+
+
 class DriftMonitor:
-    """Sliding-window PSI with a threshold; thread-safe. Metrics go to `registry` when one is given."""
+    """Sliding-window PSI with a threshold; thread-safe. Metrics go to `registry` (or shared `metrics`)."""
 
     def __init__(
         self,
@@ -114,31 +133,19 @@ class DriftMonitor:
         reference: DriftReference,
         cfg: DriftConfig | None = None,
         registry: CollectorRegistry | None = None,
+        metrics: DriftMetrics | None = None,
     ) -> None:
         self.model, self.reference, self.cfg = model, reference, cfg or DriftConfig()
         self._rows: deque[np.ndarray] = deque()
         self._num_rows = 0
         self._drifting = False
         self._lock = threading.Lock()
-        self._psi_gauge: Gauge | None = None
-        self._mean_gauge: Gauge | None = None
-        self._alerts: Counter | None = None
-        if registry is not None:
-            self._psi_gauge = Gauge(
-                "headroom_input_drift_psi",
-                "PSI of one input feature against training",
-                ["model", "feature"],
-                registry=registry,
-            )
-            self._mean_gauge = Gauge(
-                "headroom_input_drift_psi_mean", "Mean input PSI over features", ["model"], registry=registry
-            )
-            self._alerts = Counter(
-                "headroom_input_drift_alerts",
-                "Times the mean PSI crossed the threshold",
-                ["model"],
-                registry=registry,
-            )
+        if metrics is None and registry is not None:
+            metrics = DriftMetrics.create(registry)
+        self._psi_gauge = metrics.psi if metrics is not None else None
+        self._mean_gauge = metrics.psi_mean if metrics is not None else None
+        self._alerts = metrics.alerts if metrics is not None else None
+        if self._alerts is not None:
             self._alerts.labels(model)  # export 0 before the first alert
 
     def observe(self, features: np.ndarray) -> DriftStatus | None:

@@ -106,6 +106,17 @@ class CacheStats:
     swap_ins: tuple[SwapIn, ...]  # every swap-in so far, oldest first
 
 
+def budget_metrics(registry: CollectorRegistry) -> tuple[Histogram, Counter, Gauge]:
+    """The memory-budget families: swap-in seconds{model}, evictions_total{model}, resident bytes."""
+    return (
+        Histogram("headroom_model_swap_in_seconds", "Evict + load time of an on-demand model load", ["model"],
+                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+                  registry=registry),
+        Counter("headroom_model_evictions", "Models unloaded to fit the memory budget", ["model"], registry=registry),
+        Gauge("headroom_model_resident_bytes", "Bytes of models resident under the budget", registry=registry),
+    )
+
+
 class ModelCache(Generic[T]):
     """On-demand loading under a memory budget with LRU eviction; one load at a time (thread-safe)."""
 
@@ -126,20 +137,7 @@ class ModelCache(Generic[T]):
         self._hits = 0
         self._swap_ins: list[SwapIn] = []
         self._lock = threading.Lock()
-        self._metrics: tuple[Histogram, Counter, Gauge] | None = None
-        if registry is not None:
-            self._metrics = (
-                Histogram(
-                    "headroom_model_swap_in_seconds",
-                    "Evict + load time of an on-demand model load",
-                    ["model"],
-                    registry=registry,
-                ),
-                Counter(
-                    "headroom_model_evictions", "Models unloaded to fit the memory budget", ["model"], registry=registry
-                ),
-                Gauge("headroom_model_resident_bytes", "Bytes of models resident under the budget", registry=registry),
-            )
+        self._metrics = budget_metrics(registry) if registry is not None else None
 
     def get(self, name: str) -> T:
         """The loaded model `name`, loading it (and evicting LRU models) when it is not resident."""

@@ -2,8 +2,9 @@
 
 The event loop never runs model code: `generate()` sends an "add" command to the engine thread and awaits
 the admission verdict (InvalidRequest / RateLimited surface there), then yields `SequenceOutput`s pushed
-back with `call_soon_threadsafe`. Leaving the stream early (client disconnect, cancellation) sends an
-"abort" command, which frees the request's blocks before the next step.
+back with `call_soon_threadsafe`. Leaving the stream early (`aclose()`: client disconnect, deadline) sends an
+"abort" command, which frees the request's blocks before the next step; closing works also on a stream whose
+first `__anext__` was cancelled before it ever ran (`asyncio.wait_for` with a deadline already past).
 """
 
 from __future__ import annotations
@@ -97,23 +98,7 @@ class AsyncLLMEngine:
         except asyncio.CancelledError:
             self._commands.put(_Abort(request_id))
             raise
-        return self._iterate(request_id, params.n, stream)
-
-    async def _iterate(
-        self, request_id: str, n: int, stream: asyncio.Queue[SequenceOutput | BaseException]
-    ) -> AsyncIterator[SequenceOutput]:
-        remaining = n
-        try:
-            while remaining:
-                item = await stream.get()
-                if isinstance(item, BaseException):
-                    raise item
-                if item.finished:
-                    remaining -= 1
-                yield item
-        finally:
-            if remaining:
-                self._commands.put(_Abort(request_id))
+        return _OutputStream(self._commands, request_id, params.n, stream)
 
     async def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
@@ -177,6 +162,42 @@ class AsyncLLMEngine:
             self._streams.clear()
             for req_id in self.engine.request_ids():
                 self.engine.abort(req_id)
+
+
+class _OutputStream:
+    """One request's outputs until all `n` choices finished; `aclose()` aborts what is still running."""
+
+    def __init__(
+        self,
+        commands: queue.SimpleQueue[_Add | _Abort | None],
+        request_id: str,
+        n: int,
+        stream: asyncio.Queue[SequenceOutput | BaseException],
+    ) -> None:
+        self._commands = commands  # the engine thread's command queue
+        self._request_id = request_id  # user-visible id
+        self._remaining = n  # choices not finished yet
+        self._stream = stream  # outputs pushed by the engine thread
+
+    def __aiter__(self) -> _OutputStream:
+        return self
+
+    async def __anext__(self) -> SequenceOutput:
+        if not self._remaining:
+            raise StopAsyncIteration
+        item = await self._stream.get()
+        if isinstance(item, BaseException):
+            self._remaining = 0  # the engine failed or stopped: nothing left to abort
+            raise item
+        if item.finished:
+            self._remaining -= 1
+        return item
+
+    async def aclose(self) -> None:
+        """Abort the request unless every choice finished (idempotent)."""
+        if self._remaining:
+            self._remaining = 0
+            self._commands.put(_Abort(self._request_id))
 
 
 def _set_result(fut: asyncio.Future[None]) -> None:

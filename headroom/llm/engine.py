@@ -17,7 +17,14 @@ from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import InvalidRequest, RateLimited
 from headroom.llm.config import EngineConfig
 from headroom.llm.kv_cache import KVCacheManager
-from headroom.llm.request import FinishReason, Request, SamplingParams, SequenceOutput, TokenLogprob
+from headroom.llm.request import (
+    FinishReason,
+    Request,
+    RequestTimeline,
+    SamplingParams,
+    SequenceOutput,
+    TokenLogprob,
+)
 from headroom.llm.runner import BatchItem, ModelBatch, Runner
 from headroom.llm.sampler import sample
 from headroom.llm.scheduler import Scheduler, SchedulerLimits
@@ -306,4 +313,11 @@ class LLMEngine:
             arrival_s=req.arrival_s,
             first_token_s=req.first_token_s,
             finished_s=now if req.finished else None,
+            timeline=RequestTimeline(
+                arrival_s=req.arrival_s,
+                first_scheduled_s=req.first_scheduled_s,
+                first_token_s=req.first_token_s,
+                last_token_s=req.last_token_s,
+                finished_s=now if req.finished else None,
+            ),
         )

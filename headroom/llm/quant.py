@@ -1,25 +1,42 @@
 """Int8 weight quantisation for CPU: every `Linear` of a decoder becomes an FBGEMM dynamic-int8 linear.
 
-Weights are quantised once, per output channel (symmetric, scale = max |w| / 127), and prepacked for FBGEMM;
-activations are quantised on the fly per call (`reduce_range`, 7-bit, as AVX2 needs to avoid overflow).
-Decode on CPU is memory-bound (one fp32 token step reads every weight once: ~0.54 GB for SmolLM2-135M), so
-reading a quarter of the bytes is what makes int8 ~3x faster per matmul here.
+Weights are quantised once, per output channel (symmetric, scale = max |w| / 127, `quantize_weight_int8`),
+and prepacked for FBGEMM; activations are quantised on the fly per call (`reduce_range`, 7-bit, as AVX2
+needs to avoid overflow). Decode on CPU is memory-bound (one fp32 token step reads every weight once:
+~0.54 GB for SmolLM2-135M), so reading a quarter of the bytes is what makes int8 ~3x faster per matmul here.
+
+The quantised weights of the *fused* model (`int8_state_dict`) are cached next to a converted GGUF
+(`model.int8.safetensors`, keys `headroom.int8.<linear>.weight` / `.scale` / `.bias`); `prepare_int8` then
+builds the int8 linears from them without concatenating or quantising fp32 weights at start-up. Cached and
+on-the-fly quantisation run the same function, so both give identical outputs.
 
 Caveats (why it is opt-in, `weight_dtype: int8`): outputs differ slightly from fp32 (greedy text may diverge
 after some tokens), and activation scales are per call (the whole flat batch), so a sequence's logits depend
 a little on what else is in the step: outputs are not bit-identical across batch compositions or after
 preemption by recompute. The embedding stays fp32 (a lookup reads one row); a tied `lm_head` gets its own
-int8 copy.
+int8 copy. (`torch._weight_int8pack_mm`, weight-only int8 with fp32 activations, was measured 6-100x slower
+than this on the AVX2 CPU, and 2-10x slower with bf16 activations beyond batch 1.)
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from headroom.llm.model import Linear
+from headroom.llm.model import EXTRA_PREFIX, DecoderForCausalLM, Linear
+
+INT8_PREFIX = EXTRA_PREFIX + "int8."  # checkpoint keys of cached int8 linears: INT8_PREFIX + "<linear>.weight"
+
+
+def quantize_weight_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8: (int8 [N, K], fp32 scales [N]) with weight ~= int8 * scale[:, None]."""
+    w = weight.detach().float()
+    scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    q = torch.div(w, scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+    return q.contiguous(), scales.contiguous()
 
 
 class Int8DynamicLinear(nn.Module):
@@ -27,16 +44,26 @@ class Int8DynamicLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
-        w = weight.detach().float().contiguous()
-        scales = (w.abs().amax(dim=1).clamp(min=1e-12) / 127.0).double()
-        zero_points = torch.zeros(w.shape[0], dtype=torch.long)
+        q, scales = quantize_weight_int8(weight)
+        self._init_packed(q, scales, bias)
+
+    @classmethod
+    def from_int8(cls, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> Int8DynamicLinear:
+        """From `quantize_weight_int8`'s output (e.g. read back from the cache)."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self._init_packed(qweight, scales, bias)
+        return self
+
+    def _init_packed(self, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        zero_points = torch.zeros(q.shape[0], dtype=torch.long)
         with warnings.catch_warnings():  # quantized-tensor creation is flagged deprecated; FBGEMM still serves it
             warnings.simplefilter("ignore")
-            qweight = torch.quantize_per_channel(w, scales, zero_points, 0, torch.qint8)
+            qweight = torch._make_per_channel_quantized_tensor(q, scales.double(), zero_points, 0)
             b = None if bias is None else bias.detach().float().contiguous()
             self._packed = torch.ops.quantized.linear_prepack(qweight, b)
-        self.in_features = w.shape[1]  # input width
-        self.out_features = w.shape[0]  # output width
+        self.in_features = q.shape[1]  # input width
+        self.out_features = q.shape[0]  # output width
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -44,11 +71,7 @@ class Int8DynamicLinear(nn.Module):
         return out.view(*shape[:-1], self.out_features)
 
 
-def quantize_linears_int8(model: nn.Module) -> int:
-    """Replace every `Linear` (our checkpoint linear or `nn.Linear`) under `model` in place; returns how many.
-
-    Only for fp32 models on CPU: raises ValueError otherwise, saying what to change.
-    """
+def _check_cpu_fp32(model: nn.Module) -> None:
     param = next(model.parameters())
     if param.device.type != "cpu" or param.dtype != torch.float32:
         raise ValueError(
@@ -59,13 +82,67 @@ def quantize_linears_int8(model: nn.Module) -> int:
         torch.backends.quantized.supported_engines
     ):
         raise ValueError("this torch build has no FBGEMM/x86 quantized engine; use weight_dtype: auto")
-    targets = [
-        (parent, name, child)
-        for parent in model.modules()
+
+
+def _linears(model: nn.Module) -> list[tuple[nn.Module, str, str, torch.Tensor, torch.Tensor | None]]:
+    """(parent, attribute, qualified name, weight, bias) for every Linear under `model`."""
+    return [
+        (
+            parent,
+            name,
+            f"{prefix}.{name}" if prefix else name,
+            child.weight,
+            child.bias if isinstance(child.bias, torch.Tensor) else None,
+        )
+        for prefix, parent in model.named_modules()
         for name, child in parent.named_children()
         if isinstance(child, Linear | nn.Linear)
     ]
-    for parent, name, child in targets:
-        bias = child.bias if isinstance(child.bias, torch.Tensor) else None
-        setattr(parent, name, Int8DynamicLinear(child.weight, bias))
+
+
+def quantize_linears_int8(model: nn.Module) -> int:
+    """Replace every `Linear` (our checkpoint linear or `nn.Linear`) under `model` in place; returns how many.
+
+    Only for fp32 models on CPU: raises ValueError otherwise, saying what to change.
+    """
+    _check_cpu_fp32(model)
+    targets = _linears(model)
+    for parent, name, _, weight, bias in targets:
+        setattr(parent, name, Int8DynamicLinear(weight, bias))
     return len(targets)
+
+
+def int8_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The quantised weights of every Linear under a (fused) model, as checkpoint tensors to cache."""
+    out: dict[str, torch.Tensor] = {}
+    for _, _, qual, weight, bias in _linears(model):
+        q, scales = quantize_weight_int8(weight)
+        out[f"{INT8_PREFIX}{qual}.weight"], out[f"{INT8_PREFIX}{qual}.scale"] = q, scales
+        if bias is not None:
+            out[f"{INT8_PREFIX}{qual}.bias"] = bias.detach().float().contiguous()
+    return out
+
+
+def prepare_int8(model: DecoderForCausalLM, cached: Mapping[str, torch.Tensor]) -> int:
+    """Fuse projections and make every Linear int8, in place; returns how many linears came from `cached`
+    (`headroom.int8.*` tensors: `model.extra_tensors`). Fused projections found in the cache are built
+    directly (no fp32 concatenation); anything missing is fused and quantised from the fp32 weights."""
+    _check_cpu_fp32(model)
+    suffix = ".weight"
+    names = {k[len(INT8_PREFIX) : -len(suffix)] for k in cached if k.startswith(INT8_PREFIX) and k.endswith(suffix)}
+    built = {
+        name: Int8DynamicLinear.from_int8(
+            cached[f"{INT8_PREFIX}{name}.weight"],
+            cached[f"{INT8_PREFIX}{name}.scale"],
+            cached.get(f"{INT8_PREFIX}{name}.bias"),
+        )
+        for name in sorted(names)
+    }
+    model.fuse_projections(built)
+    for parent, name, qual, weight, bias in _linears(model):
+        mod = built.get(qual)
+        if mod is not None and (mod.out_features, mod.in_features) == tuple(weight.shape):
+            setattr(parent, name, mod)
+        else:
+            setattr(parent, name, Int8DynamicLinear(weight, bias))
+    return len(built)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +125,65 @@ class Request:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestTimeline:
+    """When a sequence went through each stage, on the engine's (injected, monotonic) clock, in seconds.
+
+    queue = arrival -> first scheduled, prefill = first scheduled -> first token (chunked prefill spans
+    several steps), decode = first token -> finished. A stage that never started has length 0, so the three
+    always add up to `end_s - arrival_s`.
+    """
+
+    arrival_s: float  # admitted by the engine
+    first_scheduled_s: float | None  # the first step that ran it (queue ends); None: never ran
+    first_token_s: float | None  # its first output token was sampled (prefill ends); None: no token yet
+    last_token_s: float | None  # its latest output token was sampled; None: no token yet
+    finished_s: float | None  # it stopped (stop, length or abort); None while running
+
+    @property
+    def end_s(self) -> float:
+        """`finished_s`, or the latest thing that happened while it is still running."""
+        for t in (self.finished_s, self.last_token_s, self.first_token_s, self.first_scheduled_s):
+            if t is not None:
+                return t
+        return self.arrival_s
+
+    def stage_ms(self) -> tuple[float, float, float]:
+        """(queue, prefill, decode) in milliseconds; each >= 0 and their sum is `end_s - arrival_s`."""
+        end = max(self.arrival_s, self.end_s)
+        scheduled = self.first_scheduled_s if self.first_scheduled_s is not None else end
+        queue_end = min(end, max(self.arrival_s, scheduled))
+        first_token = self.first_token_s if self.first_token_s is not None else end
+        prefill_end = min(end, max(queue_end, first_token))
+        return (
+            (queue_end - self.arrival_s) * 1e3,
+            (prefill_end - queue_end) * 1e3,
+            (end - prefill_end) * 1e3,
+        )
+
+
+def merge_timelines(timelines: Sequence[RequestTimeline]) -> RequestTimeline:
+    """One user-visible request's timeline from its n sequences: earliest start of each stage, latest end."""
+    if not timelines:
+        raise ValueError("merge_timelines needs at least one timeline")
+
+    def first(values: Sequence[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return min(known) if known else None
+
+    def last(values: Sequence[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
+    return RequestTimeline(
+        arrival_s=min(t.arrival_s for t in timelines),
+        first_scheduled_s=first([t.first_scheduled_s for t in timelines]),
+        first_token_s=first([t.first_token_s for t in timelines]),
+        last_token_s=last([t.last_token_s for t in timelines]),
+        finished_s=None if any(t.finished_s is None for t in timelines) else last([t.finished_s for t in timelines]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class SequenceOutput:
     """What the engine reports for one sequence after a step that produced a token or finished it."""
 
@@ -141,6 +201,7 @@ class SequenceOutput:
     arrival_s: float  # engine-clock arrival
     first_token_s: float | None  # engine-clock time of the first token
     finished_s: float | None  # engine-clock time it finished
+    timeline: RequestTimeline | None = None  # every stage's timestamps (complete on the final output)
 
     @property
     def finished(self) -> bool:

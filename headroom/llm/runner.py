@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from headroom.llm.config import DecoderConfig, EngineConfig
-from headroom.llm.model import AttentionMetadata, DecoderForCausalLM
-from headroom.llm.quant import quantize_linears_int8
+from headroom.llm.model import AttentionGroup, AttentionMetadata, DecoderForCausalLM
+from headroom.llm.quant import prepare_int8
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +79,14 @@ def cpu_threads(requested: int, cpu_count: int) -> int:
 
 
 def prepare_model(model: DecoderForCausalLM, engine: EngineConfig) -> None:
-    """Make a loaded model fast for inference, in place: fuse q/k/v and gate/up, then int8 weights if asked.
+    """Make a loaded model fast for inference, in place: fuse q/k/v and gate/up, then int8 weights if asked
+    (from the checkpoint's cached int8 tensors when it has them, see `quant.prepare_int8`).
     Idempotent (the runner calls it; `load_engine` calls it first to time it as its own cold-start stage)."""
-    model.fuse_projections()
     if engine.weight_dtype == "int8":
-        quantize_linears_int8(model)
+        prepare_int8(model, model.extra_tensors)
+    else:
+        model.fuse_projections()
+    model.extra_tensors = {}
 
 
 def kv_bytes_per_block(cfg: DecoderConfig, block_size_tokens: int, dtype: torch.dtype) -> int:
@@ -98,48 +101,76 @@ def build_metadata(
     """Flat input ids, positions, attention metadata and logits indices for a batch."""
     bs = batch.block_size_tokens
     items = batch.items
-    b = len(items)
-    q = max(len(it.token_ids) for it in items)
-    nb = max(-(-(it.start_position + len(it.token_ids)) // bs) for it in items)
-    k = nb * bs
+    lengths = [len(it.token_ids) for it in items]
+    starts = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    total = int(starts[-1])
     input_ids: list[int] = []
-    positions = np.empty(sum(len(it.token_ids) for it in items), dtype=np.int64)
+    positions = np.empty(total, dtype=np.int64)
     slot_mapping = np.empty_like(positions)
-    query_index = np.zeros((b, q), dtype=np.int64)
-    token_to_padded = np.empty_like(positions)
-    key_blocks = np.zeros((b, nb), dtype=np.int64)
-    mask = np.zeros((b, 1, 1, q, k), dtype=bool)
+    tables: list[np.ndarray] = []
     logits_indices: list[int] = []
-    key_pos = np.arange(k, dtype=np.int64)
-    t = 0
-    for row, it in enumerate(items):
-        n = len(it.token_ids)
-        end = it.start_position + n
-        used = -(-end // bs)
-        table = np.asarray(it.block_table[:used], dtype=np.int64)
-        key_blocks[row, :used] = table
-        new_pos = np.arange(it.start_position, end, dtype=np.int64)
+    for i, it in enumerate(items):
+        t, n = int(starts[i]), lengths[i]
+        table = np.asarray(it.block_table[: -(-(it.start_position + n) // bs)], dtype=np.int64)
+        tables.append(table)
+        new_pos = np.arange(it.start_position, it.start_position + n, dtype=np.int64)
         input_ids.extend(it.token_ids)
         positions[t : t + n] = new_pos
         slot_mapping[t : t + n] = table[new_pos // bs] * bs + new_pos % bs
-        query_index[row, :n] = np.arange(t, t + n)
-        token_to_padded[t : t + n] = row * q + np.arange(n)
-        mask[row, 0, 0, :n, :] = key_pos[None, :] <= new_pos[:, None]
-        mask[row, 0, 0, n:, 0] = True  # padded query rows attend one key (no NaN); their output is dropped
-        t += n
         if it.needs_logits:
-            logits_indices.extend(range(t - it.num_logits, t))
+            logits_indices.extend(range(t + n - it.num_logits, t + n))
+    # decodes (one new token) and longer chunks are padded and attended as separate groups
+    token_to_padded = np.empty_like(positions)
+    groups: list[AttentionGroup] = []
+    offset = 0
+    for members in ([i for i, n in enumerate(lengths) if n == 1], [i for i, n in enumerate(lengths) if n > 1]):
+        if members:
+            groups.append(_group(members, lengths, starts, positions, tables, bs, token_to_padded, offset, device))
+            offset += len(members) * max(lengths[i] for i in members)
     meta = AttentionMetadata(
         slot_mapping=torch.from_numpy(slot_mapping).to(device),
-        query_index=torch.from_numpy(query_index).to(device),
+        groups=tuple(groups),
         token_to_padded=torch.from_numpy(token_to_padded).to(device),
-        key_blocks=torch.from_numpy(key_blocks).to(device),
-        mask_bias=torch.from_numpy(np.where(mask, np.float32(0.0), np.float32(-np.inf))).to(device),
+        padded_is_flat=offset == total and bool(np.array_equal(token_to_padded, np.arange(total))),
         block_size_tokens=bs,
     )
     ids = torch.tensor(input_ids, dtype=torch.long, device=device)
     pos = torch.from_numpy(positions).to(device)
     return ids, pos, meta, torch.tensor(logits_indices, dtype=torch.long, device=device)
+
+
+def _group(
+    members: list[int],
+    lengths: list[int],
+    starts: np.ndarray,
+    positions: np.ndarray,
+    tables: list[np.ndarray],
+    bs: int,
+    token_to_padded: np.ndarray,
+    offset: int,
+    device: torch.device,
+) -> AttentionGroup:
+    """One attention group over the items `members`; fills their rows of `token_to_padded` (from `offset`)."""
+    b, q = len(members), max(lengths[i] for i in members)
+    nb = max(len(tables[i]) for i in members)
+    query_index = np.zeros((b, q), dtype=np.int64)
+    key_blocks = np.zeros((b, nb), dtype=np.int64)
+    mask = np.zeros((b, 1, q, nb * bs), dtype=bool)
+    key_pos = np.arange(nb * bs, dtype=np.int64)
+    for row, i in enumerate(members):
+        t, n = int(starts[i]), lengths[i]
+        key_blocks[row, : len(tables[i])] = tables[i]
+        query_index[row, :n] = np.arange(t, t + n)
+        token_to_padded[t : t + n] = offset + row * q + np.arange(n)
+        mask[row, 0, :n, :] = key_pos[None, :] <= positions[t : t + n, None]
+        mask[row, 0, n:, 0] = True  # padded query rows attend one key (no NaN); their output is dropped
+    unpadded_run = all(lengths[i] == q for i in members) and members == list(range(members[0], members[-1] + 1))
+    return AttentionGroup(
+        query_index=torch.from_numpy(query_index).to(device),
+        query_slice=(int(starts[members[0]]), int(starts[members[-1] + 1])) if unpadded_run else None,
+        flat_blocks=torch.from_numpy(key_blocks.reshape(-1)).to(device),
+        mask_bias=torch.from_numpy(np.where(mask, np.float32(0.0), np.float32(-np.inf))).to(device),
+    )
 
 
 class TorchRunner:
@@ -165,7 +196,7 @@ class TorchRunner:
             )
         self.vocab_size = cfg.vocab_size
         slots = self.num_blocks * engine.block_size_tokens
-        shape = (slots, cfg.num_key_value_heads, cfg.head_dim_resolved)
+        shape = (cfg.num_key_value_heads, slots, cfg.head_dim_resolved)  # head-major (see model.Attention)
         self.kv_caches = [
             (
                 torch.zeros(shape, dtype=self.dtype, device=self.device),
@@ -181,12 +212,13 @@ class TorchRunner:
         return logits.float().cpu()
 
     def _paged(self, cache: torch.Tensor) -> torch.Tensor:
-        return cache.view(-1, self.block_size, cache.shape[1], cache.shape[2])
+        """[Hkv, slots, D] viewed as [Hkv, blocks, block size, D]."""
+        return cache.view(cache.shape[0], -1, self.block_size, cache.shape[2])
 
     def swap_out(self, block_ids: Sequence[int]) -> object:
         idx = torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
         return [
-            (self._paged(k)[idx].to("cpu", copy=True), self._paged(v)[idx].to("cpu", copy=True))
+            (self._paged(k)[:, idx].to("cpu", copy=True), self._paged(v)[:, idx].to("cpu", copy=True))
             for k, v in self.kv_caches
         ]
 
@@ -194,5 +226,5 @@ class TorchRunner:
         saved = cast(list[tuple[torch.Tensor, torch.Tensor]], host_copy)
         idx = torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
         for (k, v), (hk, hv) in zip(self.kv_caches, saved, strict=True):
-            self._paged(k)[idx] = hk.to(self.device)
-            self._paged(v)[idx] = hv.to(self.device)
+            self._paged(k)[:, idx] = hk.to(self.device)
+            self._paged(v)[:, idx] = hv.to(self.device)

@@ -6,6 +6,11 @@ gets a `ServingResponse`: a JSON body with a status, or an async iterator of ser
 `{"error": {"message", "type", "param", "code"}}`: 400 for bad input (including prompt + max_tokens over
 the context), 404 for an unknown model, 429 with Retry-After when the waiting queue is full, 503 while
 the engine is not running.
+
+Every generation that got past admission reports one `LLMUsage` (tokens and the engine's queue / prefill /
+decode times) to the caller's `on_usage` when it ends, however it ends (finished, aborted because the client
+left, past its deadline, failed). The gateway refunds unused LLM tokens from it and records spans. Non-streamed
+responses also carry the times as `Server-Timing: preprocess, queue, prefill, decode, total` (milliseconds).
 """
 
 from __future__ import annotations
@@ -13,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from pydantic import ValidationError
 
 from headroom.core.errors import DeadlineExceeded, HeadroomError, InvalidRequest, ModelNotFound, NotReady
+from headroom.gateway.usage import LLMUsage
 from headroom.llm.async_engine import AsyncLLMEngine
 from headroom.llm.openai_protocol import (
     BaseRequest,
@@ -28,8 +34,10 @@ from headroom.llm.openai_protocol import (
     from_exception,
     sse,
 )
-from headroom.llm.request import SamplingParams, SequenceOutput, TokenLogprob
+from headroom.llm.request import FinishReason, SamplingParams, SequenceOutput, TokenLogprob, merge_timelines
 from headroom.llm.tokenizer import Tokenizer
+
+UsageCallback = Callable[[LLMUsage], None]
 
 
 class OpenAIServing:
@@ -57,7 +65,9 @@ class OpenAIServing:
         return [card]
 
     # --- entry points -----------------------------------------------------------------------------------
-    async def create_chat_completion(self, body: Any) -> ServingResponse:
+    async def create_chat_completion(self, body: Any, on_usage: UsageCallback | None = None) -> ServingResponse:
+        """`on_usage` gets one `LLMUsage` when a generation that was admitted ends (never for refusals)."""
+        started_s = time.monotonic()
         try:
             req = ChatRequest.model_validate(body)
             tok = self._ready()
@@ -66,11 +76,13 @@ class OpenAIServing:
             max_tokens = req.max_completion_tokens or req.max_tokens
             top = req.top_logprobs if req.logprobs else None
             params = self._params(req, prompt_ids, max_tokens, (top or 0) if req.logprobs else None)
-            return await self._run("chat", req, prompt_ids, params)
+            return await self._run("chat", req, prompt_ids, params, _Tally(started_s, len(prompt_ids), on_usage))
         except (ValidationError, HeadroomError) as exc:
             return from_exception(exc)
 
-    async def create_completion(self, body: Any) -> ServingResponse:
+    async def create_completion(self, body: Any, on_usage: UsageCallback | None = None) -> ServingResponse:
+        """`on_usage` gets one `LLMUsage` when a generation that was admitted ends (never for refusals)."""
+        started_s = time.monotonic()
         try:
             req = CompletionRequest.model_validate(body)
             tok = self._ready()
@@ -88,7 +100,7 @@ class OpenAIServing:
             if req.echo:
                 raise InvalidRequest("echo: not supported; resend without echo")
             params = self._params(req, prompt_ids, req.max_tokens, req.logprobs)
-            return await self._run("text", req, prompt_ids, params)
+            return await self._run("text", req, prompt_ids, params, _Tally(started_s, len(prompt_ids), on_usage))
         except (ValidationError, HeadroomError) as exc:
             return from_exception(exc)
 
@@ -138,22 +150,31 @@ class OpenAIServing:
             raise InvalidRequest(str(exc)) from None
         return params
 
-    async def _run(self, kind: str, req: BaseRequest, prompt_ids: list[int], params: SamplingParams) -> ServingResponse:
+    async def _run(
+        self, kind: str, req: BaseRequest, prompt_ids: list[int], params: SamplingParams, tally: _Tally
+    ) -> ServingResponse:
         engine = self.engine
         if engine is None:
             raise NotReady("not ready")
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         rid = f"{prefix}-{uuid.uuid4().hex}"
+        tally.n, tally.submitted_s = params.n, time.monotonic()
         outputs = _with_deadline(
             await engine.generate(rid, prompt_ids, params, priority=req.priority), self.request_timeout_s
         )
         created = int(time.time())
         if req.stream:
             usage = bool((req.stream_options or {}).get("include_usage"))
-            return ServingResponse(200, stream=self._stream(kind, rid, created, outputs, len(prompt_ids), usage))
-        final: dict[int, SequenceOutput] = {}
-        async for out in outputs:
-            final[out.index] = out
+            stream = self._stream(kind, rid, created, outputs, len(prompt_ids), usage, tally)
+            return ServingResponse(200, stream=stream)
+        final = tally.last
+        try:
+            async for out in outputs:
+                final[out.index] = out
+        except BaseException as exc:
+            tally.report(failed=not isinstance(exc, DeadlineExceeded | asyncio.CancelledError))
+            raise
+        usage_report = tally.report()
         choices = [
             self._choice(kind, o, o.text, o.logprobs, 0, final=True)
             for o in sorted(final.values(), key=lambda o: o.index)
@@ -166,7 +187,7 @@ class OpenAIServing:
             "choices": choices,
             "usage": _usage(len(prompt_ids), list(final.values())),
         }
-        return ServingResponse(200, body=body)
+        return ServingResponse(200, body=body, headers={"Server-Timing": usage_report.server_timing()})
 
     def _choice(
         self, kind: str, out: SequenceOutput, text: str, lps: tuple[TokenLogprob, ...], offset: int, final: bool
@@ -215,12 +236,14 @@ class OpenAIServing:
         outputs: AsyncIterator[SequenceOutput],
         num_prompt: int,
         include_usage: bool,
+        tally: _Tally,
     ) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         head = {"id": rid, "object": obj, "created": created, "model": self.model_name}
-        last: dict[int, SequenceOutput] = {}
+        last = tally.last
         sent_lps: dict[int, int] = {}
         sent_text: dict[int, int] = {}
+        failed = False
         try:
             async for out in outputs:
                 if kind == "chat" and out.index not in last:
@@ -237,7 +260,13 @@ class OpenAIServing:
             if include_usage:
                 yield sse({**head, "choices": [], "usage": _usage(num_prompt, list(last.values()))})
         except HeadroomError as exc:
+            failed = not isinstance(exc, DeadlineExceeded)
             yield sse(from_exception(exc).body or {})
+        except Exception:
+            failed = True
+            raise
+        finally:  # also when the client left (the response closes this generator) or the task was cancelled
+            tally.report(failed)
         yield "data: [DONE]\n\n"
 
 
@@ -264,6 +293,52 @@ async def _with_deadline(outputs: AsyncIterator[SequenceOutput], timeout_s: floa
         aclose = getattr(it, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+class _Tally:
+    """The latest output of each choice of one request, and its one `LLMUsage` report."""
+
+    def __init__(self, started_s: float, num_prompt: int, on_usage: UsageCallback | None) -> None:
+        self.started_s = started_s  # time.monotonic() when the route began
+        self.submitted_s = started_s  # time.monotonic() when the request went to the engine
+        self.num_prompt = num_prompt  # prompt tokens
+        self.n = 1  # choices expected
+        self.on_usage = on_usage  # where the report goes
+        self.last: dict[int, SequenceOutput] = {}  # choice index -> its latest output
+        self.usage: LLMUsage | None = None  # the report, once made
+
+    def report(self, failed: bool = False) -> LLMUsage:
+        """Build the report (once) and hand it to `on_usage`."""
+        if self.usage is not None:
+            return self.usage
+        outs = list(self.last.values())
+        timelines = [o.timeline for o in outs if o.timeline is not None]
+        queue_ms = prefill_ms = decode_ms = 0.0
+        if timelines:
+            queue_ms, prefill_ms, decode_ms = merge_timelines(timelines).stage_ms()
+        preprocess_ms = (self.submitted_s - self.started_s) * 1e3
+        total_ms = max((time.monotonic() - self.started_s) * 1e3, preprocess_ms + queue_ms + prefill_ms + decode_ms)
+        self.usage = LLMUsage(
+            prompt_tokens=self.num_prompt,
+            completion_tokens=sum(len(o.token_ids) for o in outs),
+            cached_tokens=max((o.num_cached_tokens for o in outs), default=0),
+            preprocess_ms=preprocess_ms,
+            queue_ms=queue_ms,
+            prefill_ms=prefill_ms,
+            decode_ms=decode_ms,
+            total_ms=total_ms,
+            finish_reason="error" if failed else _finish_reason(outs, self.n),
+        )
+        if self.on_usage is not None:
+            self.on_usage(self.usage)
+        return self.usage
+
+
+def _finish_reason(outs: Iterable[SequenceOutput], n: int) -> str:
+    reasons = [o.finish_reason for o in outs]
+    if len(reasons) < n or None in reasons or FinishReason.ABORT in reasons:
+        return FinishReason.ABORT.value
+    return "length" if FinishReason.LENGTH in reasons else "stop"
 
 
 def _content_text(content: str | list[dict[str, Any]] | None) -> str:

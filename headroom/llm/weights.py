@@ -2,8 +2,12 @@
 
 The first load of a GGUF converts it once into a cache directory (default `~/.cache/headroom/llm/`, or
 `$HEADROOM_CACHE_DIR/llm/`): `model.safetensors` with Hugging Face tensor names, `config.json` (our
-DecoderConfig), `tokenizer.json` and `tokenizer_config.json` (chat template, special tokens). Later loads
-memory-map the safetensors file. Every stage is timed (`LoadedCheckpoint.stages_s`).
+DecoderConfig), `tokenizer.json` and `tokenizer_config.json` (chat template, special tokens), and
+`model.int8.safetensors`: the fused projections' int8 weights and scales (`quant.int8_state_dict`, written
+once, also into a cache converted before it existed), so `weight_dtype: int8` starts without quantising.
+Later loads memory-map both files; the int8 tensors join the state dict under `headroom.int8.*` keys (model
+loaders ignore them; `build_model` keeps them for `prepare_model`). Every stage is timed
+(`LoadedCheckpoint.stages_s`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 from headroom.llm.config import DecoderConfig
 
 GGUF_ARCHES = ("llama", "qwen2")
+INT8_FILE = "model.int8.safetensors"  # cached int8 weights next to a converted GGUF's model.safetensors
 log = logging.getLogger("headroom.llm")
 
 
@@ -99,6 +104,12 @@ def load_checkpoint(spec: str, cache_root: Path | None = None) -> LoadedCheckpoi
         with _stage(stages, "convert_gguf"):
             _convert_gguf(path, cache)
         log.info("converted in %.1f s", stages["convert_gguf"])
+    if not (cache / INT8_FILE).exists():
+        with _stage(stages, "quantize_int8"):
+            try:
+                _write_int8_cache(cache)
+            except OSError as exc:  # e.g. a read-only cache: int8 then quantises at load, as without a cache
+                log.warning("could not cache int8 weights in %s (%s); int8 will quantise at load", cache, exc)
     ckpt = _load_converted(cache, stages)
     ckpt.cache_dir = cache
     return ckpt
@@ -112,6 +123,8 @@ def _load_converted(cache: Path, stages: dict[str, float]) -> LoadedCheckpoint:
         tok = _tokenizer_files(cache)
     with _stage(stages, "mmap_weights"):
         state = load_file(str(cache / "model.safetensors"))
+        if (cache / INT8_FILE).exists():
+            state.update(load_file(str(cache / INT8_FILE)))
     return LoadedCheckpoint(config=config, state_dict=state, tokenizer=tok, stages_s=stages)
 
 
@@ -258,6 +271,21 @@ def _convert_gguf(path: Path, cache: Path) -> None:
     (tmp / "done").write_text("ok\n")
     shutil.rmtree(cache, ignore_errors=True)
     tmp.rename(cache)
+
+
+def _write_int8_cache(cache: Path) -> None:
+    """Quantise a converted checkpoint's fused linears once into `INT8_FILE` (atomic: temp file + rename)."""
+    from safetensors.torch import load_file, save_file
+
+    from headroom.llm.model import build_model
+    from headroom.llm.quant import int8_state_dict
+
+    config = DecoderConfig.from_json(json.loads((cache / "config.json").read_text()))
+    model = build_model(config, load_file(str(cache / "model.safetensors")), torch.device("cpu"), torch.float32)
+    model.fuse_projections()
+    tmp = cache / f"{INT8_FILE}.tmp{os.getpid()}"
+    save_file(int8_state_dict(model), str(tmp))
+    os.replace(tmp, cache / INT8_FILE)
 
 
 def _convert_gguf_tokenizer(path: Path, reader: Any, out: Path) -> None:

@@ -57,7 +57,13 @@ class LoadContext:
 
 
 class Model:
-    """Base class with pass-through defaults; backends override what they need."""
+    """Base class with pass-through defaults; backends override what they need.
+
+    `cheap_preprocess = True` tells the batcher that `preprocess` is cheap enough (microseconds) to run on the
+    event loop instead of hopping to a worker thread (minilm: UTF-8 decode only; tokenising is in `collate`).
+    """
+
+    cheap_preprocess: bool = False  # run preprocess inline on the event loop (no thread hop)
 
     def __init__(self, config: ModelConfig) -> None:
         self.config = config

@@ -18,6 +18,8 @@ Example (all keys but `backend`, `inputs` and `outputs` optional)::
     instances: 1
     warmup: {batch_sizes: [1, 8, 32]}
     version_policy: {latest: 1}   # {latest: N} | {all: {}} | {specific: [1, 3]}  (Triton's names)
+    pinned: false                 # with `serve --model-memory-budget-mb`: always resident, never evicted
+    runtime: {mode: compile}      # engine knobs: see headroom.models.runtime
     parameters: {labels: labels.txt}   # backend-specific
 
 The YAML edge validates with ValueError carrying the file and key, so a user knows what to fix.
@@ -33,6 +35,7 @@ from typing import Any
 import yaml
 
 from headroom.core.types import V2_TO_NUMPY
+from headroom.models.runtime import RuntimeConfig, parse_runtime
 
 BACKENDS = ("onnxruntime", "torch", "python", "llm")
 BATCHING_MODES = ("dynamic", "static", "adaptive", "multistream")
@@ -106,6 +109,8 @@ class ModelConfig:
     parameters: Mapping[str, Any] = field(default_factory=dict)  # backend-specific settings
     platform: str = ""  # free text reported in metadata (e.g. "onnxruntime_onnx")
     version_policy: VersionPolicy = field(default_factory=VersionPolicy)  # which versions are served
+    pinned: bool = False  # under `serve --model-memory-budget-mb`: loaded at start, never evicted
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)  # engine + knobs (headroom.models.runtime)
 
     def input(self, name: str) -> TensorSpec | None:
         return next((t for t in self.inputs if t.name == name), None)
@@ -194,6 +199,9 @@ def parse_model_config(raw: Mapping[str, Any], name: str, where: str = "config.y
     instances = int(raw.get("instances", 1))
     if instances < 1:
         raise ValueError(f"{where}.instances: must be >= 1")
+    pinned = raw.get("pinned", False)
+    if not isinstance(pinned, bool):
+        raise ValueError(f"{where}.pinned: true or false, got {pinned!r}")
     params = raw.get("parameters") or {}
     if not isinstance(params, Mapping):
         raise ValueError(f"{where}.parameters: must be a mapping")
@@ -209,6 +217,8 @@ def parse_model_config(raw: Mapping[str, Any], name: str, where: str = "config.y
         parameters=dict(params),
         platform=str(raw.get("platform", backend)),
         version_policy=_version_policy(raw.get("version_policy"), f"{where}.version_policy"),
+        pinned=pinned,
+        runtime=parse_runtime(raw.get("runtime"), str(backend), f"{where}.runtime"),
     )
 
 

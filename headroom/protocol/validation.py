@@ -27,39 +27,43 @@ def batch_size_of(request: InferenceRequest, config: ModelConfig) -> int:
 
 def validate_against(request: InferenceRequest, config: ModelConfig) -> None:
     """Raise InvalidRequest unless the request's inputs and outputs fit the model's config."""
+    # Error messages are built only when a check fails: this runs on every request.
     model = f"model {config.name!r}"
-    declared = ", ".join(
-        f"{s.name} ({s.datatype} {_expected_shape(s, config.max_batch_size > 0)})" for s in config.inputs
-    )
+    batching = config.max_batch_size > 0
+
+    def declared() -> str:
+        return ", ".join(f"{s.name} ({s.datatype} {_expected_shape(s, batching)})" for s in config.inputs)
+
     given = {t.name for t in request.inputs}
     for declared_spec in config.inputs:
         if declared_spec.name not in given:
-            raise InvalidRequest(f"{model}: missing input {declared_spec.name!r}; it expects {declared}")
-    batching = config.max_batch_size > 0
+            raise InvalidRequest(f"{model}: missing input {declared_spec.name!r}; it expects {declared()}")
     batch: int | None = None
     for tensor in request.inputs:
         spec = config.input(tensor.name)
         if spec is None:
-            raise InvalidRequest(f"{model}: unknown input {tensor.name!r}; it expects {declared}")
-        where = f"{model}, input {tensor.name!r}"
+            raise InvalidRequest(f"{model}: unknown input {tensor.name!r}; it expects {declared()}")
         if tensor.datatype != spec.datatype:
-            raise InvalidRequest(f"{where}: datatype {tensor.datatype} but the model expects {spec.datatype}")
-        expected = _expected_shape(spec, batching)
+            raise InvalidRequest(f"{model}, input {tensor.name!r}: datatype {tensor.datatype} but the model "
+                                 f"expects {spec.datatype}")
         dims = tensor.shape
         if batching:
             if len(dims) != len(spec.shape) + 1:
-                raise InvalidRequest(f"{where}: shape {list(dims)} but the model expects {expected}")
+                raise InvalidRequest(f"{model}, input {tensor.name!r}: shape {list(dims)} but the model "
+                                     f"expects {_expected_shape(spec, batching)}")
             if not 1 <= dims[0] <= config.max_batch_size:
                 raise InvalidRequest(
-                    f"{where}: batch dimension {dims[0]} must be between 1 and max_batch_size "
-                    f"{config.max_batch_size}; split larger requests"
+                    f"{model}, input {tensor.name!r}: batch dimension {dims[0]} must be between 1 and "
+                    f"max_batch_size {config.max_batch_size}; split larger requests"
                 )
             if batch is not None and dims[0] != batch:
-                raise InvalidRequest(f"{where}: batch dimension {dims[0]} differs from other inputs' {batch}")
+                raise InvalidRequest(f"{model}, input {tensor.name!r}: batch dimension {dims[0]} differs from "
+                                     f"other inputs' {batch}")
             batch = dims[0]
             dims = dims[1:]
         if len(dims) != len(spec.shape) or any(d != s and s != -1 for d, s in zip(dims, spec.shape, strict=True)):
-            raise InvalidRequest(f"{where}: shape {list(tensor.shape)} but the model expects {expected}")
+            raise InvalidRequest(f"{model}, input {tensor.name!r}: shape {list(tensor.shape)} but the model "
+                                 f"expects {_expected_shape(spec, batching)}")
     for output in request.outputs:
         if config.output(output.name) is None:
             names = ", ".join(s.name for s in config.outputs)

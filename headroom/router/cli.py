@@ -1,29 +1,75 @@
-"""`headroom route`: a router in front of N local `headroom serve` replicas (optionally autoscaled).
+"""`headroom route`: a router in front of N `headroom serve` replicas, local processes or Ray actors.
 
-Not wired into `headroom.cli.main` by this module (that file belongs to the CLI owner); wire it with
-``app.command("route")(headroom.router.cli.route)``, or call `run_cluster` from `headroom serve --replicas N`.
+    headroom route --replicas 2 --model noop                          # local processes on this machine
+    headroom route --backend ray --replicas 2 --model noop            # Ray actors on a local Ray cluster
+    headroom route --backend ray --ray-address auto --placement spread   # join an existing Ray cluster
+
+Both backends are replica managers with the same interface (`headroom.router.replicas.ReplicaFleet`), so the
+router, health checks, warm pool, draining and the autoscaler work the same on either.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import typer
 import uvicorn
+from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 from rich.console import Console
 
 from headroom.autoscaler.controller import AutoscalerController, router_sampler
 from headroom.autoscaler.policy import AutoscalerConfig
 from headroom.core.clock import MonotonicClock
+from headroom.gateway.span_export import file_tracer_provider
 from headroom.router.grpc_proxy import GrpcProxy
 from headroom.router.policies import POLICIES
 from headroom.router.proxy import ProxyConfig, Router
-from headroom.router.replicas import CommandFactory, LocalReplicaManager, ReplicaManagerConfig
+from headroom.router.ray_replicas import (
+    RayClusterConfig,
+    RayColdStart,
+    RayReplicaConfig,
+    RayReplicaManager,
+    connect_ray,
+    ray_serve_command,
+    shutdown_ray,
+)
+from headroom.router.replicas import (
+    ColdStartTiming,
+    CommandFactory,
+    LocalReplicaManager,
+    ReplicaFleet,
+    ReplicaManagerConfig,
+)
+from headroom.router.upstream import Upstream
+
+BACKENDS = ("local", "ray")
+#: Builds the replica manager once the router exists: on_change -> manager.
+FleetFactory = Callable[[Callable[[tuple[Upstream, ...]], None]], ReplicaFleet]
+
+
+class DrainFirstServer(uvicorn.Server):
+    """uvicorn re-raises a captured Ctrl-C / SIGTERM the moment it stops serving, which would interrupt the
+    replicas' drain that follows; this one only stops serving (a second Ctrl-C during the drain still aborts)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
 
 def serve_command(model_repository: Path, models: Sequence[str], drain_timeout_s: float) -> CommandFactory:
@@ -39,32 +85,39 @@ def serve_command(model_repository: Path, models: Sequence[str], drain_timeout_s
     return command
 
 
-async def run_cluster(command: CommandFactory, replicas: int, proxy: ProxyConfig,
-                      manager_cfg: ReplicaManagerConfig,
-                      host: str, port: int, autoscale: AutoscalerConfig | None = None,
-                      console: Console | None = None, stop: asyncio.Event | None = None,
-                      grpc_port: int = -1) -> LocalReplicaManager:
-    """Serve the router on host:port (and gRPC on `grpc_port` unless -1) until SIGINT/SIGTERM or `stop`,
-    then drain every replica."""
+def describe_cold_start(cs: ColdStartTiming) -> str:
+    """One console line per replica start (Ray starts also say where and how long placement took)."""
+    where = ""
+    if isinstance(cs, RayColdStart):
+        where = f" on node {cs.node_ip} ({cs.node_id[:8]}), actor {cs.scheduled_s:.2f} s,"
+    return (f"  {cs.replica_id}{where} process {cs.spawn_s:.2f} s, listening {cs.listening_s:.2f} s, "
+            f"ready {cs.ready_s:.2f} s")
+
+
+async def run_fleet(make_fleet: FleetFactory, replicas: int, proxy: ProxyConfig, host: str, port: int,
+                    autoscale: AutoscalerConfig | None = None, console: Console | None = None,
+                    stop: asyncio.Event | None = None, grpc_port: int = -1,
+                    registry: CollectorRegistry | None = None,
+                    tracer_provider: TracerProvider | None = None) -> ReplicaFleet:
+    """Serve the router on host:port (and gRPC on `grpc_port` unless -1) in front of the fleet `make_fleet`
+    builds, until SIGINT/SIGTERM or `stop`; then drain every replica and return the fleet."""
     console = console or Console(stderr=True)
-    router = Router([], proxy)
-    manager_cfg = dataclasses.replace(manager_cfg, grpc=grpc_port >= 0)
-    manager = LocalReplicaManager(command, manager_cfg, on_change=router.set_upstreams)
+    router = Router([], proxy, tracer_provider=tracer_provider)
+    fleet = make_fleet(router.set_upstreams)
     grpc_proxy = GrpcProxy(router) if grpc_port >= 0 else None
-    server = uvicorn.Server(uvicorn.Config(router.app, host=host, port=port, log_level="warning", lifespan="on"))
+    server = DrainFirstServer(uvicorn.Config(router.app, host=host, port=port, log_level="warning", lifespan="on"))
     tasks: list[asyncio.Task[None]] = []
 
     async def bring_up() -> None:
         with console.status(f"starting {replicas} replica(s) (each loads and warms its models)..."):
-            await manager.scale_to(replicas, autoscale.warm_pool if autoscale else 0)
-        for cs in manager.cold_starts:
-            console.print(f"  {cs.replica_id}: process {cs.spawn_s:.2f} s, listening {cs.listening_s:.2f} s, "
-                          f"ready {cs.ready_s:.2f} s")
-        console.print(f"[bold green]router ready[/] on http://{host}:{port} — {len(manager.serving())} "
+            await fleet.scale_to(replicas, autoscale.warm_pool if autoscale else 0)
+        for cs in fleet.cold_starts:
+            console.print(describe_cold_start(cs))
+        console.print(f"[bold green]router ready[/] on http://{host}:{port} — {len(fleet.serving())} "
                       f"replica(s), policy {proxy.policy}; stats at /router/stats")
         if autoscale is not None:
-            ctl = AutoscalerController(router_sampler(router), manager, autoscale, MonotonicClock(),
-                                       initial_replicas=replicas, registry=CollectorRegistry())
+            ctl = AutoscalerController(router_sampler(router), fleet, autoscale, MonotonicClock(),
+                                       initial_replicas=replicas, registry=registry or CollectorRegistry())
             tasks.append(asyncio.create_task(ctl.run(), name="autoscaler"))
 
     async def stop_when_told(event: asyncio.Event) -> None:
@@ -86,17 +139,59 @@ async def run_cluster(command: CommandFactory, replicas: int, proxy: ProxyConfig
         if grpc_proxy is not None:
             await grpc_proxy.close()
         with console.status("draining replicas..."):
-            await manager.close()
-    return manager
+            await fleet.close()
+        console.print(f"stopped: drained {sum(e.startswith('drained ') for e in fleet.events)} replica(s)")
+    return fleet
+
+
+async def run_cluster(command: CommandFactory, replicas: int, proxy: ProxyConfig,
+                      manager_cfg: ReplicaManagerConfig,
+                      host: str, port: int, autoscale: AutoscalerConfig | None = None,
+                      console: Console | None = None, stop: asyncio.Event | None = None,
+                      grpc_port: int = -1,
+                      tracer_provider: TracerProvider | None = None) -> LocalReplicaManager:
+    """`run_fleet` with local replica processes."""
+    manager_cfg = dataclasses.replace(manager_cfg, grpc=grpc_port >= 0)
+    managers: list[LocalReplicaManager] = []
+
+    def make(on_change: Callable[[tuple[Upstream, ...]], None]) -> ReplicaFleet:
+        managers.append(LocalReplicaManager(command, manager_cfg, on_change=on_change))
+        return managers[0]
+
+    await run_fleet(make, replicas, proxy, host, port, autoscale, console, stop, grpc_port,
+                    tracer_provider=tracer_provider)
+    return managers[0]
+
+
+def _fail(console: Console, message: str, code: int = 2) -> typer.Exit:
+    console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code=code)
+
+
+def _parse_resources(specs: Sequence[str]) -> tuple[tuple[str, float], ...]:
+    out = []
+    for spec in specs:
+        name, sep, amount = spec.partition("=")
+        try:
+            value = float(amount) if sep else 1.0
+        except ValueError:
+            raise ValueError(f"--actor-resource {spec!r}: the amount after '=' must be a number") from None
+        if not name:
+            raise ValueError(f"--actor-resource {spec!r}: write NAME or NAME=AMOUNT, e.g. llm_node=0.01")
+        out.append((name, value))
+    return tuple(out)
 
 
 def route(
-    replicas: int = typer.Option(2, min=1, help="Replica processes to start (each a full `headroom serve`)."),
+    replicas: int = typer.Option(2, min=1, help="Replicas to start (each a full `headroom serve`)."),
+    backend: str = typer.Option("local", help="Where replicas run: 'local' (processes on this machine) or "
+                                              "'ray' (one Ray actor per replica, placed on a Ray cluster)."),
     policy: str = typer.Option("peak_ewma", help=f"Routing policy: {', '.join(POLICIES)}."),
     host: str = typer.Option("127.0.0.1", help="Address the router binds (loopback by default)."),
     port: int = typer.Option(8000, help="Router HTTP port (KServe V2 + OpenAI, proxied)."),
     grpc_port: int = typer.Option(8001, help="Router gRPC port (inference.GRPCInferenceService); -1 = off."),
-    model_repository: Path = typer.Option(Path("models"), help="Directory of <model>/config.yaml + <version>/."),
+    model_repository: Path = typer.Option(Path("models"), help="Directory of <model>/config.yaml + <version>/ "
+                                                               "(with --backend ray: the same path on every node)."),
     model: list[str] = typer.Option([], "--model", help="Serve only this model directory (repeatable)."),
     replica_capacity: int = typer.Option(8, help="Concurrent requests one replica serves within its SLO; the "
                                                  "router sheds (503 + Retry-After) as the fleet nears this."),
@@ -104,23 +199,58 @@ def route(
     shedding: bool = typer.Option(True, help="Coordinated load shedding at the router."),
     autoscale: bool = typer.Option(False, help="Scale replicas on utilisation (up > 75%, down < 25%)."),
     min_replicas: int = typer.Option(1, help="Autoscaling floor."),
-    max_replicas: int = typer.Option(4, help="Autoscaling ceiling (this machine has few cores: keep it small)."),
+    max_replicas: int = typer.Option(4, help="Autoscaling ceiling (local: mind this machine's cores; Ray: the "
+                                             "cluster's CPUs / --actor-num-cpus)."),
     warm_pool: int = typer.Option(0, help="Started-but-idle replicas kept ready when autoscaling."),
     drain_timeout_s: float = typer.Option(30.0, help="How long a replica may finish in-flight work on SIGTERM."),
+    ray_address: str = typer.Option("", help="Ray: an existing cluster ('auto', HOST:6379 or ray://HOST:10001). "
+                                             "Empty = start a local one-node cluster on 127.0.0.1 for this run."),
+    ray_num_cpus: int = typer.Option(2, min=1, help="Ray: CPUs of the local cluster (ignored with --ray-address)."),
+    actor_num_cpus: float = typer.Option(0.5, min=0.0, help="Ray: CPUs each replica actor reserves in Ray's "
+                                                            "scheduler (0.5 fits two replicas per core)."),
+    actor_resource: list[str] = typer.Option([], "--actor-resource", help="Ray: a custom resource each replica "
+                                             "needs, NAME or NAME=AMOUNT (repeatable), to pin replicas to nodes "
+                                             "started with `ray start --resources`."),
+    placement: str = typer.Option("spread", help="Ray: 'spread' (replicas on as many nodes as possible), 'pack' "
+                                                 "(fill the router's node first) or 'default' (Ray's own)."),
+    replica_host: str = typer.Option("", help="Ray: address replicas bind and the router dials. Empty = each "
+                                              "node's IP as Ray reports it (127.0.0.1 on a local cluster)."),
+    trace_spans_file: Path = typer.Option(None, help="Write the router's OpenTelemetry spans here as JSON lines "
+                                                     "(a `router` span per request, parent of the replica's)."),
 ) -> None:
-    """Run a router in front of N replica processes: routing policies, health checks and outlier ejection,
-    retries of never-started requests under a budget, optional hedging, load shedding and autoscaling."""
+    """Run a router in front of N replicas (local processes or Ray actors): routing policies, health checks
+    and outlier ejection, retries of never-started requests under a budget, optional hedging, load shedding,
+    a warm pool and autoscaling."""
+    err = Console(stderr=True)
+    if backend not in BACKENDS:
+        raise _fail(err, f"unknown backend {backend!r}; use 'local' or 'ray'")
     if policy not in POLICIES:
-        Console(stderr=True).print(f"[bold red]error:[/] unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
-        raise typer.Exit(code=2)
+        raise _fail(err, f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
     try:
         scaler = AutoscalerConfig(min_replicas=min_replicas, max_replicas=max_replicas,
                                   warm_pool=warm_pool) if autoscale else None
+        ray_cfg = RayReplicaConfig(host=replica_host or None, capacity=replica_capacity,
+                                   actor_num_cpus=actor_num_cpus, drain_timeout_s=drain_timeout_s + 5.0,
+                                   grpc=grpc_port >= 0, placement=placement,
+                                   actor_resources=_parse_resources(actor_resource))
     except ValueError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(code=2) from None
+        raise _fail(err, str(exc)) from None
     proxy = ProxyConfig(policy=policy, hedging=hedging, shedding=shedding)
-    manager_cfg = ReplicaManagerConfig(host="127.0.0.1", capacity=replica_capacity,
-                                       drain_timeout_s=drain_timeout_s + 5.0)
-    asyncio.run(run_cluster(serve_command(model_repository, model, drain_timeout_s), replicas, proxy, manager_cfg,
-                            host, port, scaler, grpc_port=grpc_port))
+    tracer = file_tracer_provider(trace_spans_file) if trace_spans_file is not None else None
+    if backend == "local":
+        manager_cfg = ReplicaManagerConfig(host="127.0.0.1", capacity=replica_capacity,
+                                           drain_timeout_s=drain_timeout_s + 5.0)
+        asyncio.run(run_cluster(serve_command(model_repository, model, drain_timeout_s), replicas, proxy,
+                                manager_cfg, host, port, scaler, grpc_port=grpc_port, tracer_provider=tracer))
+        return
+    try:
+        with err.status("connecting to Ray..." if ray_address else "starting a local Ray cluster..."):
+            connect_ray(RayClusterConfig(address=ray_address or None, num_cpus=ray_num_cpus))
+    except (RuntimeError, ConnectionError) as exc:
+        raise _fail(err, str(exc), code=1) from None
+    command = ray_serve_command(model_repository.resolve(), model, drain_timeout_s)
+    try:
+        asyncio.run(run_fleet(lambda on_change: RayReplicaManager(command, ray_cfg, on_change), replicas, proxy,
+                              host, port, scaler, console=err, grpc_port=grpc_port, tracer_provider=tracer))
+    finally:
+        shutdown_ray()

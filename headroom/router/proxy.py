@@ -6,6 +6,10 @@ hedge to a second replica after the p95 of recent latency (budgeted, the loser i
 never-started attempts elsewhere under the retry budget -> pass the answer through (small bodies buffered,
 SSE and large bodies streamed). A background task checks `GET /v2/health/ready` on every replica; results
 and every finished attempt feed `headroom.router.health`. `GET /router/stats` reports counters as JSON.
+
+W3C `traceparent`/`tracestate` go to the replica as the client sent them. With a `tracer_provider`, the
+router records its own SERVER span (`router`, a child of the client's traceparent) and sends the replica
+that span's traceparent instead, so the replica's spans nest under it in the client's trace.
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Collection, Sequence
 
 import httpx
 import orjson
+from opentelemetry.trace import TracerProvider
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -25,6 +31,7 @@ from starlette.routing import Route
 
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import Cancelled, DeadlineExceeded, HeadroomError, NotReady, Overloaded
+from headroom.gateway.tracing import IngressSpan, parse_traceparent
 from headroom.router import degrade, tail
 from headroom.router import health as hp
 from headroom.router.canary import CanaryTracker
@@ -44,8 +51,10 @@ class Router:
     """Owns the replica table, the policy states, the pooled client and the health-check task."""
 
     def __init__(self, upstreams: Sequence[Upstream], config: ProxyConfig | None = None,
-                 clock: Clock | None = None, rng: random.Random | None = None) -> None:
+                 clock: Clock | None = None, rng: random.Random | None = None,
+                 tracer_provider: TracerProvider | None = None) -> None:
         self.config = config or ProxyConfig()
+        self.tracer_provider = tracer_provider  # records a `router` span per proxied request when set
         self.clock = clock or MonotonicClock()
         self.rng = rng or random.Random()
         self.replicas: dict[str, ReplicaRuntime] = {}
@@ -302,12 +311,27 @@ class Router:
         if request.url.path == "/v2/health/ready":
             ready = any(s.ready for s in self.snapshots())
             return Response(status_code=200 if ready else 503)
+        span = self._start_span(request)
         try:
-            return await self._proxy(request)
+            response = await self._proxy(request, span.traceparent if span is not None else None)
         except HeadroomError as exc:
-            return json_error(exc)
+            response = json_error(exc)
+        except BaseException:
+            if span is not None:
+                span.finish([], time.time_ns(), status_code=500)
+            raise
+        return response if span is None else _end_span_with(response, span)
 
-    async def _proxy(self, request: Request) -> Response:
+    def _start_span(self, request: Request) -> IngressSpan | None:
+        """The router's SERVER span for one request (None when tracing is off)."""
+        if self.tracer_provider is None:
+            return None
+        parent = parse_traceparent(request.headers.get("traceparent"))
+        attributes = {"http.request.method": request.method, "url.path": request.url.path}
+        return IngressSpan(self.tracer_provider, "router", parent, request.headers.get("x-request-id", ""), "",
+                           time.time_ns(), attributes)
+
+    async def _proxy(self, request: Request, traceparent: str | None = None) -> Response:
         c = self.config
         body = await request.body()
         if len(body) > c.max_body_bytes:
@@ -329,7 +353,7 @@ class Router:
         self.retry_state = tail.budget_deposit(self.retry_state, now, c.retry_budget)
         self.hedge_state = tail.budget_deposit(self.hedge_state, now, c.hedge_budget)
         key = request_key(c.policy, request.headers, body, c.affinity_header)
-        out = self._outgoing(request, body, d.utilisation)
+        out = self._outgoing(request, body, d.utilisation, traceparent)
         self.inflight += 1
         inflight_at_start = self.inflight
         work = asyncio.create_task(self._attempts(out, key))
@@ -348,7 +372,7 @@ class Router:
             self.inflight -= 1
         return self._respond(winner, inflight_at_start, out.degraded_to)
 
-    def _outgoing(self, request: Request, body: bytes, utilisation: float) -> Outgoing:
+    def _outgoing(self, request: Request, body: bytes, utilisation: float, traceparent: str | None = None) -> Outgoing:
         path, degraded_to = request.url.path, ""
         fallbacks = self.config.degrade.fallbacks
         if fallbacks and utilisation >= self.config.degrade.start_utilisation:
@@ -358,6 +382,8 @@ class Router:
                 self.counters["degraded"] += 1
         query = f"?{request.url.query}" if request.url.query else ""
         headers = tuple((k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP)
+        if traceparent is not None:  # the router's span becomes the replica's parent (tracestate passes as is)
+            headers = (*((k, v) for k, v in headers if k.lower() != "traceparent"), ("traceparent", traceparent))
         return Outgoing(request.method, path + query, headers, body, degraded_to)
 
     async def _attempts(self, out: Outgoing, key: str | None) -> Attempt:
@@ -442,3 +468,24 @@ class Router:
         return Response(orjson.dumps({"counters": self.counters, "replicas": reps, "inflight": self.inflight,
                                       "concurrency_limit": self.vegas.effective_limit(self.config.vegas),
                                       "canary": canary}), media_type="application/json")
+
+
+def _end_span_with(response: Response, span: IngressSpan) -> Response:
+    """End `span` with the response: now for a buffered body, when the last chunk went for a streamed one."""
+    replica = response.headers.get("x-headroom-replica", "")
+    if replica:
+        span.span.set_attribute("headroom.replica", replica)
+    if not isinstance(response, StreamingResponse):
+        span.finish([], time.time_ns(), status_code=response.status_code)
+        return response
+    inner = response.body_iterator
+
+    async def body() -> AsyncIterator[str | bytes | memoryview]:
+        try:
+            async for chunk in inner:
+                yield chunk
+        finally:
+            span.finish([], time.time_ns(), status_code=response.status_code)
+
+    response.body_iterator = body()
+    return response

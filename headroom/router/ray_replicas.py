@@ -41,6 +41,8 @@ log = logging.getLogger("headroom.ray_replicas")
 #: (bind host, HTTP port, gRPC port or -1 when the manager runs replicas without gRPC) -> argv; runs ON the
 #: replica's node (inside its actor), so `sys.executable` and paths are that node's.
 RayCommandFactory = Callable[[str, int, int], Sequence[str]]
+#: How replica actors are placed on the cluster's nodes (`RayReplicaConfig.placement`).
+PLACEMENTS = ("spread", "pack", "default")
 #: Ray reads this at import: "0" keeps a local cluster on 127.0.0.1 instead of the machine's network address.
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
@@ -70,6 +72,19 @@ class RayReplicaConfig:
     restart_on_exit: bool = True  # replace a replica whose process exits or whose actor dies unasked
     grpc: bool = False  # give each replica a gRPC port too (the router's gRPC side forwards to it)
     id_prefix: str = "ray-replica"  # replica ids are f"{id_prefix}-{n}" (unique per manager)
+    # spread: Ray's SPREAD strategy, replicas on as many nodes as possible (a node loss takes few of them);
+    # pack: on the node that already hosts most of this manager's replicas while it has room (fewer nodes
+    # busy, cheap local traffic); default: Ray's hybrid policy (packs a node up to 50% use, then spreads)
+    placement: str = "spread"
+    # extra custom resources each actor needs, e.g. (("llm_node", 0.01),) to run replicas only on nodes
+    # started with `ray start --resources '{"llm_node": 1}'`
+    actor_resources: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement {self.placement!r}; use one of {', '.join(PLACEMENTS)}")
+        if self.actor_num_cpus < 0 or any(amount <= 0 for _, amount in self.actor_resources):
+            raise ValueError("actor_num_cpus must be >= 0 and every actor resource amount > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +97,7 @@ class RayColdStart:
     spawn_s: float  # until the `headroom serve` process existed on that node
     listening_s: float  # until /v2/health/live answered (imports done, port bound)
     ready_s: float  # until /v2/health/ready answered 200 (models loaded and warmed)
+    node_id: str = ""  # the Ray node id (hex); several nodes on one machine share an IP but not an id
 
 
 def connect_ray(cluster: RayClusterConfig | None = None) -> None:
@@ -142,6 +158,11 @@ class ReplicaProcess:
         import ray
         return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]  # untyped in Ray
 
+    def node(self) -> tuple[str, str]:
+        """(IP, Ray node id) of the node this actor was placed on."""
+        import ray
+        return self.node_ip(), str(ray.get_runtime_context().get_node_id())
+
     def spawn(self, command: RayCommandFactory, host: str | None, grpc: bool) -> tuple[str, int, int, int]:
         """Pick free ports on this node, start the process; returns (host, HTTP port, gRPC port, pid)."""
         if self._proc is not None:
@@ -181,6 +202,7 @@ class _RayReplica:
         self.replica_id = replica_id
         self.actor = actor  # ray.actor.ActorHandle of ReplicaProcess
         self.node_ip = ""
+        self.node_id = ""
         self.host = ""
         self.port = -1
         self.grpc_port = -1
@@ -225,7 +247,20 @@ class RayReplicaManager:
         return self._replicas[replica_id].pid
 
     def node_of(self, replica_id: str) -> str:
+        """The IP of the node the replica runs on."""
         return self._replicas[replica_id].node_ip
+
+    def node_id_of(self, replica_id: str) -> str:
+        """The Ray node id (hex) of the node the replica runs on."""
+        return self._replicas[replica_id].node_id
+
+    def placement_by_node(self) -> dict[str, list[str]]:
+        """Ray node id -> ids of this manager's placed replicas (starting, warm or serving) on it."""
+        nodes: dict[str, list[str]] = {}
+        for r in self._replicas.values():
+            if r.role != "draining" and r.node_id:
+                nodes.setdefault(r.node_id, []).append(r.replica_id)
+        return nodes
 
     def actor_of(self, replica_id: str) -> Any:
         """The replica's Ray actor handle (a `ReplicaProcess`), e.g. for `ray.kill` in failure drills."""
@@ -272,13 +307,12 @@ class RayReplicaManager:
         self._seq += 1
         rid = f"{cfg.id_prefix}-{self._seq}"
         t0 = time.monotonic()
-        r = _RayReplica(rid, self._actor_cls.options(num_cpus=cfg.actor_num_cpus, max_restarts=0).remote(),
-                        "starting")
+        r = _RayReplica(rid, self._actor_cls.options(**self._actor_options()).remote(), "starting")
         r.target_role = role
         self._replicas[rid] = r
         try:
             async with asyncio.timeout(cfg.start_timeout_s):
-                r.node_ip = await r.actor.node_ip.remote()
+                r.node_ip, r.node_id = await r.actor.node.remote()
                 scheduled_s = time.monotonic() - t0
                 r.host, r.port, r.grpc_port, r.pid = await r.actor.spawn.remote(self.command, cfg.host, cfg.grpc)
                 spawn_s = time.monotonic() - t0
@@ -292,7 +326,7 @@ class RayReplicaManager:
                                         f"cluster for {cfg.actor_num_cpus} CPU, or a slow model load: raise "
                                         f"start_timeout_s); log tail:\n{tail}") from None
             raise
-        self.cold_starts.append(RayColdStart(rid, r.node_ip, scheduled_s, spawn_s, listening_s, ready_s))
+        self.cold_starts.append(RayColdStart(rid, r.node_ip, scheduled_s, spawn_s, listening_s, ready_s, r.node_id))
         r.role = r.target_role
         self._event(f"started {rid} on {r.host}:{r.port} (node {r.node_ip}) as {r.role} "
                     f"(scheduled after {scheduled_s:.2f} s, ready after {ready_s:.2f} s)")
@@ -300,6 +334,26 @@ class RayReplicaManager:
         if r.role == "serving":
             self._changed()
         return rid
+
+    def _actor_options(self) -> dict[str, Any]:
+        """Ray `.options()` for the next replica actor: CPUs, custom resources, placement strategy."""
+        cfg = self.config
+        options: dict[str, Any] = {"num_cpus": cfg.actor_num_cpus, "max_restarts": 0}
+        if cfg.actor_resources:
+            options["resources"] = dict(cfg.actor_resources)
+        if cfg.placement == "spread":
+            options["scheduling_strategy"] = "SPREAD"
+        elif cfg.placement == "pack":
+            import ray
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+            nodes = self.placement_by_node()
+            # the fullest node first (the router's own node when there is none yet); soft + spill: another
+            # node once that one has no room left
+            target = max(sorted(nodes), key=lambda n: len(nodes[n])) if nodes else \
+                str(ray.get_runtime_context().get_node_id())
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(target, soft=True,
+                                                                            _spill_on_unavailable=True)
+        return options
 
     async def _wait_ready(self, r: _RayReplica, t0: float) -> tuple[float, float]:
         base = f"http://{r.host}:{r.port}"

@@ -43,6 +43,40 @@ class Actuator(Protocol):
         ...
 
 
+class ColdStartTiming(Protocol):
+    """What the autoscaler exports of one replica start (`ColdStart`, `RayColdStart`)."""
+
+    @property
+    def replica_id(self) -> str: ...  # which replica
+
+    @property
+    def spawn_s(self) -> float: ...  # until the process existed
+
+    @property
+    def listening_s(self) -> float: ...  # until /v2/health/live answered
+
+    @property
+    def ready_s(self) -> float: ...  # until /v2/health/ready answered 200
+
+
+class ReplicaFleet(Actuator, Protocol):
+    """A replica manager behind `headroom route` (local processes or Ray actors)."""
+
+    @property
+    def cold_starts(self) -> Sequence[ColdStartTiming]:
+        """Every finished start, in order."""
+        ...
+
+    @property
+    def events(self) -> list[str]:
+        """Human-readable lifecycle events (started, promoted, drained, exited unexpectedly, ...)."""
+        ...
+
+    async def close(self) -> None:
+        """Drain every replica and stop background work."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class ScalePlan:
     """What to do to reach a target fleet (shared by the local and the Ray replica managers)."""

@@ -27,18 +27,23 @@ from prometheus_client import CollectorRegistry
 from starlette.routing import BaseRoute
 
 from headroom.core.clock import MonotonicClock
+from headroom.core.errors import ModelNotFound
 from headroom.dashboard.routes import dashboard_routes
 from headroom.gateway.app import GatewaySetup, wrap_app
 from headroom.gateway.grpc_auth import GatewayInterceptor
 from headroom.gateway.ratelimit import RateLimiter
+from headroom.gateway.slow_headers import header_deadline_protocol
 from headroom.gateway.span_export import file_tracer_provider
 from headroom.gateway.tls import TlsConfig, grpc_server_credentials, uvicorn_ssl_kwargs
+from headroom.lifecycle.cascade_metrics import CascadeCollector
+from headroom.lifecycle.drift_feed import DriftFeed, DriftFeedConfig
 from headroom.lifecycle.offline import PredictionStore
+from headroom.lifecycle.residency import ResidencyConfig
 from headroom.models.repository import ModelRepository
-from headroom.server.dataplane import DataPlane, ServedVersion
+from headroom.server.dataplane import DataPlane
 from headroom.server.http_app import HttpApi, HttpLimits, build_http_app
 from headroom.server.metrics import ServerMetrics
-from headroom.server.model_manager import ModelManager
+from headroom.server.model_manager import ModelManager, served_version
 
 log = logging.getLogger("headroom.server")
 
@@ -59,6 +64,8 @@ class ServerConfig:
     tls: TlsConfig | None = None  # certificate + key: HTTPS and gRPC over TLS
     trace_spans_file: Path | None = None  # write OpenTelemetry spans here as JSON lines
     precomputed: Path | None = None  # SQLite store from `headroom batch`: answer from it before the model
+    model_memory_budget_bytes: int = 0  # > 0: load models on demand under this budget, evict LRU (0 = load all)
+    drift: DriftFeedConfig = field(default_factory=DriftFeedConfig)  # input-drift sampling and PSI threshold
 
 
 class _UvicornServer(uvicorn.Server):
@@ -79,6 +86,8 @@ class Server:
         self.clock = MonotonicClock()
         store = PredictionStore(config.precomputed) if config.precomputed is not None else None
         self.dataplane = DataPlane(self.metrics, self.clock, precomputed=store)
+        self.drift = DriftFeed(config.drift, self.registry)
+        self.registry.register(CascadeCollector(self._served_models))
         self._llm_services: list[Any] = []
         self._stop = asyncio.Event()
         self._http: _UvicornServer | None = None
@@ -109,16 +118,27 @@ class Server:
         """Start everything, serve until SIGTERM/SIGINT or `stop()`, then drain and shut down."""
         repo = ModelRepository(self.config.model_repository)
         index = repo.scan(self.config.models)
-        self.dataplane.expect([e.name for e in index.models])
+        manager = ModelManager(repo, self.dataplane)
+        expected = [e.name for e in index.models]
+        if self.config.model_memory_budget_bytes > 0:
+            residency = manager.enable_budget(index, ResidencyConfig(self.config.model_memory_budget_bytes),
+                                              self.clock, self.registry)
+            expected = sorted(residency.pinned)  # always resident; the rest of the initial set: ready() below
+            self.dataplane.add_readiness_check(residency)
+        self.dataplane.attach_lifecycle(manager.residency, self.drift)
+        self.dataplane.expect(expected)
         llm_routes, cards = self._llm_routes(index.llm_models)
-        api = HttpApi(self.dataplane, self.registry, self.config.limits, cards, ModelManager(repo, self.dataplane))
+        api = HttpApi(self.dataplane, self.registry, self.config.limits, cards, manager)
         gw = self.config.gateway
         self.limiter = RateLimiter(gw.config.rate_limits, gw.config.tenant_rate_limits)
         provider = file_tracer_provider(self.config.trace_spans_file) if self.config.trace_spans_file else None
-        app = wrap_app(build_http_app(api, [*llm_routes, *dashboard_routes()]), gw, self.clock, provider,
+        dashboard = dashboard_routes(registry=self.registry, clock=self.clock)
+        app = wrap_app(build_http_app(api, [*llm_routes, *dashboard]), gw, self.clock, provider,
                        self.registry, self.limiter)
+        headers_timeout_s = gw.config.limits.headers_timeout_s
+        protocol = header_deadline_protocol(headers_timeout_s) if headers_timeout_s > 0 else "auto"
         uv_config = uvicorn.Config(app, host=self.config.host, port=self.config.http_port, log_level="warning",
-                                   lifespan="off", access_log=False, timeout_graceful_shutdown=5,
+                                   lifespan="off", access_log=False, timeout_graceful_shutdown=5, http=protocol,
                                    **uvicorn_ssl_kwargs(self.config.tls))
         self._http = _UvicornServer(uv_config)
         loop = asyncio.get_running_loop()
@@ -140,19 +160,22 @@ class Server:
             self._grpc, self.grpc_port = await bind_grpc_server(
                 self.dataplane, self.config.host, self.config.grpc_port, labels=self.dataplane.labels,
                 interceptors=[interceptor], credentials=creds)
-        self._load_task = asyncio.create_task(self._load(repo, index, on_ready), name="model-loader")
+        self._load_task = asyncio.create_task(self._load(repo, index, manager, on_ready), name="model-loader")
         try:
             await self._stop.wait()
         finally:
             await self._shutdown(http_task)
 
-    async def _load(self, repo: ModelRepository, index: Any, on_ready: Callable[[Server], None] | None) -> None:
+    async def _load(self, repo: ModelRepository, index: Any, manager: ModelManager,
+                    on_ready: Callable[[Server], None] | None) -> None:
         try:
             for service in self._llm_services:
                 await service.start()
-            for loaded in await repo.load_async(index):
-                self.dataplane.add(ServedVersion(name=loaded.name, version=loaded.version, config=loaded.config,
-                                                 model=loaded.model, cold_start=loaded.cold_start))
+            if manager.residency is not None:  # memory budget: pinned first, then others while they fit
+                await manager.residency.start()
+            else:
+                for loaded in await repo.load_async(index):
+                    self.dataplane.add(served_version(loaded))
         except Exception as exc:  # a model that cannot load: keep serving health, report it, never ready
             self.load_error = exc
             log.error("model loading failed: %s", exc)
@@ -160,6 +183,15 @@ class Server:
         log.info("ready: models %s", ", ".join(self.dataplane.model_names()))
         if on_ready is not None:
             on_ready(self)
+
+    def _served_models(self) -> list[tuple[str, str, Any]]:
+        """(name, version, model) of every served tensor model version (for scrape-time collectors)."""
+        dp, out = self.dataplane, []
+        for name in dp.model_names():
+            for version in dp.loaded_versions(name):
+                with contextlib.suppress(ModelNotFound):  # unloaded between the listing and the lookup
+                    out.append((name, version, dp.served(name, version).model))
+        return out
 
     def llm_model_names(self) -> list[str]:
         """Names of the generative models served by the LLM engine."""
@@ -189,4 +221,5 @@ class Server:
         for service in self._llm_services:
             await service.stop()
         await self.dataplane.stop()
+        self.drift.close()
         log.info("stopped")

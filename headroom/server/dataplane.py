@@ -12,6 +12,7 @@ import contextlib
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,9 @@ from headroom.core.clock import Clock
 from headroom.core.dataplane import DisconnectWatcher, ModelMetadata, ServerMetadata, TensorMetadata
 from headroom.core.errors import Cancelled, HeadroomError, InvalidRequest, ModelNotFound, NotReady
 from headroom.core.types import InferenceRequest, InferenceResponse, StageTimings, Tensor, v2_datatype
+from headroom.lifecycle.drift_feed import DriftFeed
 from headroom.lifecycle.offline import PredictionLookup, PredictionStore
+from headroom.lifecycle.residency import NotResidentModel, Residency
 from headroom.models.base import ColdStartStage, Model
 from headroom.models.classification import ImageClassifier, classification_response
 from headroom.models.config import ModelConfig
@@ -45,6 +48,7 @@ class ServedVersion:
     config: ModelConfig  # its validated configuration
     model: Model  # the loaded backend object
     cold_start: tuple[ColdStartStage, ...] = ()  # timed load stages
+    version_dir: Path | None = None  # where its files are (the drift monitor looks for its reference there)
 
 
 def policy_config(config: ModelConfig) -> BatchPolicyConfig:
@@ -95,6 +99,18 @@ class DataPlane:
         self._draining = False
         self._extra_ready = list(extra_ready)
         self._inflight = 0
+        self._residency: Residency | None = None  # on-demand loading under a memory budget (lifecycle)
+        self._drift: DriftFeed | None = None  # input-drift monitors fed with served inputs (lifecycle)
+
+    def attach_lifecycle(self, residency: Residency | None, drift: DriftFeed | None) -> None:
+        """Load models on demand through `residency`; sample served inputs into `drift`."""
+        self._residency, self._drift = residency, drift
+
+    def _hold(self, name: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Keep `name` resident while a request uses it (loading it first); a no-op without a budget."""
+        if self._residency is not None and self._residency.manages(name):
+            return self._residency.use(name)
+        return contextlib.nullcontext()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def expect(self, names: Sequence[str]) -> None:
@@ -195,15 +211,17 @@ class DataPlane:
         return versions[version]
 
     def served(self, name: str, version: str = "") -> ServedVersion:
+        cfg = self._residency.not_resident_config(name) if self._residency is not None else None
+        if cfg is not None:  # known under the memory budget, loads on the next request
+            return ServedVersion(name=name, version=version, config=cfg, model=NotResidentModel(cfg))
         return self._slot(name, version).served
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
-        slot = self._slot(name, version)
-        cfg = slot.served.config
+        cfg = self.served(name, version).config  # from the config alone while not resident (memory budget)
         lead = (-1,) if cfg.max_batch_size > 0 else ()
         return ModelMetadata(
             name=name,
-            versions=tuple(sorted(self._slots[name], key=_version_key)) if not version else (version,),
+            versions=tuple(self.loaded_versions(name)) if not version else (version,),
             platform=cfg.platform,
             inputs=tuple(TensorMetadata(t.name, t.datatype, lead + t.shape) for t in cfg.inputs),
             outputs=tuple(TensorMetadata(t.name, t.datatype, lead + t.shape) for t in cfg.outputs),
@@ -217,6 +235,8 @@ class DataPlane:
             return None
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        if self._residency is not None and self._residency.not_resident_config(name) is not None:
+            return False  # known, loads on the next request
         self._slot(name, version)
         return not self._draining
 
@@ -251,11 +271,13 @@ class DataPlane:
         name, version = request.model_name, request.model_version or "?"
         slot: _Slot | None = None
         try:
-            slot = self._slot(request.model_name, request.model_version)
-            version = slot.served.version
-            if self._draining:
-                raise NotReady("the server is draining; send new requests elsewhere", retry_after_s=1.0)
-            response = await self._infer(slot, request, start_s, disconnected)
+            async with self._hold(name):
+                swap_wait_s = self._clock.now_s() - start_s  # an on-demand load does not use up the timeout
+                slot = self._slot(request.model_name, request.model_version)
+                version = slot.served.version
+                if self._draining:
+                    raise NotReady("the server is draining; send new requests elsewhere", retry_after_s=1.0)
+                response = await self._infer(slot, request, start_s, disconnected, swap_wait_s)
         except HeadroomError as exc:
             if slot is not None:
                 slot.failure += 1
@@ -272,9 +294,11 @@ class DataPlane:
         return response
 
     async def _infer(self, slot: _Slot, request: InferenceRequest, start_s: float,
-                     disconnected: DisconnectWatcher | None) -> InferenceResponse:
+                     disconnected: DisconnectWatcher | None, swap_wait_s: float = 0.0) -> InferenceResponse:
         cfg = slot.served.config
         inputs = validate_inputs(request, cfg)
+        if self._drift is not None and slot.served.version_dir is not None:
+            self._drift.offer(cfg.name, slot.served.version_dir, inputs)
         timeout_ms = cfg.batching.default_timeout_ms
         if request.timeout_ms is not None:
             if request.timeout_ms <= 0:
@@ -291,7 +315,7 @@ class DataPlane:
             if stored is not None:
                 return self._response(slot, request, BatchResult(stored, 0.0, 0.0, 0.0, 0), start_s)
         submit = slot.batcher.submit(
-            inputs, params, deadline_s=start_s + timeout_ms / 1e3, priority=priority,
+            inputs, params, deadline_s=start_s + swap_wait_s + timeout_ms / 1e3, priority=priority,
             group=str(params.get("frame_id", "")), stream=str(params.get("stream_id", "")),
         )
         result = await _race_disconnect(submit, disconnected, cfg.name)
@@ -338,7 +362,8 @@ class DataPlane:
     async def classify_image(self, name: str, version: str, image: bytes, top_k: int, min_confidence: float,
                              disconnected: DisconnectWatcher | None = None) -> tuple[dict[str, object], StageTimings]:
         """The raw-image route: decode → the model's batched pipeline → top-k labelled predictions."""
-        slot = self._slot(name, version)
+        async with self._hold(name):
+            slot = self._slot(name, version)
         model = slot.served.model
         if not isinstance(model, ImageClassifier):
             raise InvalidRequest(f"model '{name}' does not accept raw images; use /v2/models/{name}/infer")

@@ -221,10 +221,10 @@ class HttpApi:
             return _openai_error(exc.message, exc.http_status, None, exc.retry_after_s)
         emb = np.asarray(result.outputs[0].data, dtype=np.float32).reshape(len(texts), -1)
         tokens = next((int(np.sum(t.data)) for t in result.outputs if t.name == "num_tokens"), 0)
-        items = []
-        for i, vec in enumerate(emb):
-            value: object = vec.tolist() if encoding == "float" else _b64(vec)
-            items.append({"object": "embedding", "index": i, "embedding": value})
+        # float32 rows go to orjson as numpy arrays: shortest round-tripping decimals, as the V2 JSON path
+        # writes them (half the bytes of float64 text and no per-float Python objects)
+        items = [{"object": "embedding", "index": i, "embedding": vec if encoding == "float" else _b64(vec)}
+                 for i, vec in enumerate(emb)]
         return _json({"object": "list", "data": items, "model": model,
                       "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
                      headers={"Server-Timing": server_timing_header(result.timings)})

@@ -66,17 +66,27 @@ class ServerMetrics:
                                    ["model", "result"], registry=registry)
         self.cold_start = Gauge("headroom_cold_start_seconds", "Model cold-start stage durations.",
                                 ["model", "version", "stage"], registry=registry)
+        self._counters: dict[tuple[str, str, str], Counter] = {}  # labelled `requests` children
+        self._stages: dict[str, tuple[Histogram, ...]] = {}  # per model: the six stage histograms' children
 
     def observe_request(self, model: str, version: str, outcome: str, timings: StageTimings | None) -> None:
-        self.requests.labels(model, version, outcome).inc()
+        counter = self._counters.get((model, version, outcome))
+        if counter is None:  # `labels()` costs microseconds per call: look each child up once
+            counter = self._counters[(model, version, outcome)] = self.requests.labels(model, version, outcome)
+        counter.inc()
         if timings is None:
             return
-        self.queue_wait.labels(model).observe(timings.queue_ms / 1e3)
-        self.batch_wait.labels(model).observe(timings.batch_wait_ms / 1e3)
-        self.preprocess.labels(model).observe(timings.preprocess_ms / 1e3)
-        self.compute.labels(model).observe(timings.compute_ms / 1e3)
-        self.postprocess.labels(model).observe(timings.postprocess_ms / 1e3)
-        self.e2e.labels(model).observe(timings.total_ms / 1e3)
+        stages = self._stages.get(model)
+        if stages is None:
+            stages = self._stages[model] = tuple(h.labels(model) for h in (
+                self.queue_wait, self.batch_wait, self.preprocess, self.compute, self.postprocess, self.e2e))
+        queue, batch_wait, preprocess, compute, postprocess, e2e = stages
+        queue.observe(timings.queue_ms / 1e3)
+        batch_wait.observe(timings.batch_wait_ms / 1e3)
+        preprocess.observe(timings.preprocess_ms / 1e3)
+        compute.observe(timings.compute_ms / 1e3)
+        postprocess.observe(timings.postprocess_ms / 1e3)
+        e2e.observe(timings.total_ms / 1e3)
 
 
 class ModelObserver:
@@ -91,9 +101,12 @@ class ModelObserver:
         self.execution_count = 0  # batches executed
         self.inference_count = 0  # items executed (sum of batch sizes)
         self.compute_total_s = 0.0  # summed predict time
+        self._depth: Gauge | None = None  # the queue-depth gauge's child for this model
 
     def on_queue_depth(self, depth: int) -> None:
-        self._m.queue_depth.labels(self._model).set(depth)
+        if self._depth is None:  # looked up on first use, so the series appears with the first request
+            self._depth = self._m.queue_depth.labels(self._model)
+        self._depth.set(depth)
 
     def on_batch(self, batch_size: int, num_requests: int, compute_s: float, window_s: float) -> None:
         self.execution_count += 1

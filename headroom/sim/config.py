@@ -64,6 +64,17 @@ class SimResult:
     max_latency_s: float  # worst request
     mean_wait_s: float  # arrival to start of service (queue + batch formation)
     mean_ttft_s: float  # continuous batching: arrival to end of the first iteration (nan otherwise)
+    ttft_p50_s: float  # continuous batching: median time to first token (nan otherwise)
+    ttft_p90_s: float  # 90th percentile TTFT
+    ttft_p99_s: float  # 99th percentile TTFT
+    mean_tpot_s: float  # continuous batching: mean time per output token after the first (per request)
+    tpot_p50_s: float  # median TPOT over requests with more than one output token
+    tpot_p90_s: float  # 90th percentile TPOT
+    tpot_p99_s: float  # 99th percentile TPOT
+    mean_itl_s: float  # continuous batching: mean inter-token latency (over tokens)
+    itl_p50_s: float  # median gap between consecutive tokens of a request
+    itl_p90_s: float  # 90th percentile ITL
+    itl_p99_s: float  # 99th percentile ITL
     utilisation: float  # busy replica-seconds / ready replica-seconds
     busy_s: float  # busy replica-seconds (total service time of every batch)
     mean_batch_size: float  # items per batch (running sequences per iteration for continuous)
@@ -78,7 +89,9 @@ class SimResult:
         out: dict[str, float | int | None] = {}
         for name in ("offered", "completed", "rejected", "expired", "duration_s", "throughput_per_s",
                      "mean_latency_s", "p50_latency_s", "p95_latency_s", "p99_latency_s", "max_latency_s",
-                     "mean_wait_s", "mean_ttft_s", "utilisation", "busy_s", "mean_batch_size", "max_queue_depth",
+                     "mean_wait_s", "mean_ttft_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "mean_tpot_s",
+                     "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "mean_itl_s", "itl_p50_s", "itl_p90_s", "itl_p99_s",
+                     "utilisation", "busy_s", "mean_batch_size", "max_queue_depth",
                      "queue_at_end", "wall_s"):
             v = getattr(self, name)
             out[name] = v if not (isinstance(v, float) and math.isnan(v)) else None

@@ -5,6 +5,9 @@ T iterations, the first of which also pays its prompt's prefill. New sequences j
 while slots are free (vLLM's `max_num_seqs`). To stay fast the replica plans a *macro-step*: all iterations
 until the next sequence finishes, in one event; an arrival that finds a free slot cuts the macro-step at the
 next iteration boundary (`interrupt`), exactly where a real engine would admit it.
+
+Per-token latencies (TTFT, TPOT, ITL; `headroom.sim.tokens`) come out of the same bookkeeping: a sequence's
+first token ends the first iteration after it joined, the others end the iterations after that.
 """
 
 from __future__ import annotations
@@ -17,21 +20,25 @@ import numpy as np
 
 from headroom.batching.policy import QueuedItem
 from headroom.sim.profile import LlmProfile
+from headroom.sim.tokens import TokenStats
 
 
 class ContinuousReplica:
     """Running set, iteration counter and the current macro-step of one replica."""
 
-    __slots__ = ("_d1_s", "_fin", "_iter", "_k", "_new", "_prefill_s", "_prof", "_rng", "_seq", "_step_s",
-                 "_t0_s", "token")
+    __slots__ = ("_d1_s", "_fin", "_first_s", "_iter", "_k", "_measured", "_new", "_prefill_s", "_prof", "_rng",
+                 "_seq", "_step_s", "_t0_s", "token")
 
     def __init__(self, profile: LlmProfile, rng: np.random.Generator) -> None:
         self._prof = profile
         self._rng = rng
         self._iter = 0  # iterations completed so far
-        self._fin: list[tuple[int, int, float]] = []  # heap of (finishing iteration, seq, enqueue time)
+        # heap of (finishing iteration, seq, enqueue time, output tokens)
+        self._fin: list[tuple[int, int, float, int]] = []
         self._seq = 0
-        self._new: list[float] = []  # enqueue times admitted at the current boundary (TTFT pending)
+        self._new: list[tuple[int, float]] = []  # (seq, enqueue time) admitted at this boundary (TTFT pending)
+        self._first_s: dict[int, float] = {}  # seq -> time of its first token (for TPOT)
+        self._measured = 0  # running sequences that arrived after the warm-up cut (their tokens are measured)
         self._prefill_s = 0.0  # prefill work of those admissions
         self._t0_s = 0.0  # start of the macro-step
         self._d1_s = 0.0  # its first iteration (decode step + prefill)
@@ -70,8 +77,10 @@ class ContinuousReplica:
                 expired += item.enqueued_s >= cut_s
                 continue
             self._seq += 1
-            heapq.heappush(self._fin, (self._iter + self._output_tokens(), self._seq, item.enqueued_s))
-            self._new.append(item.enqueued_s)
+            tokens = self._output_tokens()
+            heapq.heappush(self._fin, (self._iter + tokens, self._seq, item.enqueued_s, tokens))
+            self._new.append((self._seq, item.enqueued_s))
+            self._measured += item.enqueued_s >= cut_s
             self._prefill_s += self._prof.prompt_tokens * self._prof.prefill_s_per_token
             free -= 1
             joined += 1
@@ -96,17 +105,34 @@ class ContinuousReplica:
         self.token += 1
         return first_end + (m - 1) * self._step_s
 
-    def finish(self, now_s: float, latencies: list[float], ttfts: list[float], cut_s: float) -> None:
-        """Close the macro-step at `now_s`: record first tokens and finished sequences."""
+    def finish(self, now_s: float, latencies: list[float], tokens: TokenStats, cut_s: float) -> None:
+        """Close the macro-step at `now_s`: record first tokens, inter-token gaps and finished sequences."""
         first_end = self._t0_s + self._d1_s
-        for e in self._new:
-            if e >= cut_s:
-                ttfts.append(first_end - e)
-        self._new = []
+        measured = self._measured
+        if self._new:
+            first_s = self._first_s
+            ttft = tokens.ttft_s
+            for seq, e in self._new:
+                if e >= cut_s:
+                    ttft.append(first_end - e)
+                    first_s[seq] = first_end
+                    measured -= 1
+            self._new = []
+        # Sequences already running got a token after each of the k iterations; new ones after all but the first.
+        if measured > 0:
+            tokens.itl_s.append(self._d1_s)
+            tokens.itl_weights.append(measured)
+        if self._k > 1 and self._measured > 0:
+            tokens.itl_s.append(self._step_s)
+            tokens.itl_weights.append((self._k - 1) * self._measured)
         self._prefill_s = 0.0
         self._iter += self._k
         fin = self._fin
         while fin and fin[0][0] <= self._iter:
-            e = heapq.heappop(fin)[2]
+            _, seq, e, n_tokens = heapq.heappop(fin)
             if e >= cut_s:
                 latencies.append(now_s - e)
+                self._measured -= 1
+                t_first = self._first_s.pop(seq)
+                if n_tokens > 1:
+                    tokens.tpot_s.append((now_s - t_first) / (n_tokens - 1))

@@ -33,6 +33,7 @@ from headroom.sim.router import needs_loads, route
 from headroom.sim.state import ReplicaState as _Replica
 from headroom.sim.state import ScaleState as _ScaleState
 from headroom.sim.state import SimQueue as _Queue
+from headroom.sim.tokens import TokenStats
 
 _DONE, _WAKE, _TICK, _READY, _ITER = 0, 1, 2, 3, 4
 _EWMA = 0.05
@@ -78,7 +79,7 @@ class Simulator:
         # metrics
         self._lat: list[float] = []
         self._wait_sum = 0.0
-        self._ttft: list[float] = []
+        self._tokens = TokenStats()  # continuous batching: TTFT, TPOT, ITL
         self._batches = 0
         self._batch_items = 0
         self._busy_done_s = 0.0
@@ -246,7 +247,7 @@ class Simulator:
             return
         self._batches += cont.planned_iterations
         self._batch_items += cont.planned_iterations * cont.running
-        cont.finish(now, self._lat, self._ttft, self._cut_s)
+        cont.finish(now, self._lat, self._tokens, self._cut_s)
         self._busy_done_s += now - r.busy_since_s
         self._last_done_s = now
         r.busy_since_s = -1.0
@@ -399,13 +400,17 @@ class Simulator:
         duration = max(end - first, 1e-12)
         done = int(lat.size)
         pct = np.percentile(lat, [50, 95, 99]) if done else np.array([math.nan] * 3)
+        tok = self._tokens.summary()
         return SimResult(
             offered=offered, completed=done, rejected=self._rejected, expired=self._expired, duration_s=duration,
             throughput_per_s=done / duration, mean_latency_s=float(lat.mean()) if done else math.nan,
             p50_latency_s=float(pct[0]), p95_latency_s=float(pct[1]), p99_latency_s=float(pct[2]),
             max_latency_s=float(lat.max()) if done else math.nan,
-            mean_wait_s=self._wait_sum / done if done and not self._ttft else math.nan,
-            mean_ttft_s=float(np.mean(self._ttft)) if self._ttft else math.nan,
+            mean_wait_s=self._wait_sum / done if done and not self._tokens.ttft_s else math.nan,
+            mean_ttft_s=tok["mean_ttft_s"], ttft_p50_s=tok["ttft_p50_s"], ttft_p90_s=tok["ttft_p90_s"],
+            ttft_p99_s=tok["ttft_p99_s"], mean_tpot_s=tok["mean_tpot_s"], tpot_p50_s=tok["tpot_p50_s"],
+            tpot_p90_s=tok["tpot_p90_s"], tpot_p99_s=tok["tpot_p99_s"], mean_itl_s=tok["mean_itl_s"],
+            itl_p50_s=tok["itl_p50_s"], itl_p90_s=tok["itl_p90_s"], itl_p99_s=tok["itl_p99_s"],
             utilisation=self._busy_done_s / self._ready_s if self._ready_s > 0 else 0.0, busy_s=self._busy_done_s,
             mean_batch_size=self._batch_items / self._batches if self._batches else 0.0,
             max_queue_depth=self._max_depth, queue_at_end=queue_at_end,

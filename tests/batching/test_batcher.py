@@ -174,3 +174,31 @@ async def test_priority_one_jumps_the_queue() -> None:
         await b.stop()
     assert model.batches == [[1.0], [3.0], [2.0]]
     assert _sizes(model.batches) == [1, 1, 1]
+
+
+class ThreadRecordingDoubler(Doubler):
+    """A Doubler that notes which thread ran each preprocess call."""
+
+    def __init__(self, cheap: bool) -> None:
+        super().__init__()
+        self.cheap_preprocess = cheap
+        self.preprocess_threads: list[int] = []
+
+    def preprocess(self, inputs: Mapping[str, np.ndarray],
+                   parameters: Mapping[str, object]) -> Mapping[str, np.ndarray]:
+        self.preprocess_threads.append(threading.get_ident())
+        return inputs
+
+
+@pytest.mark.parametrize("cheap", [True, False])
+async def test_cheap_preprocess_runs_on_the_event_loop_other_preprocess_in_a_worker(cheap: bool) -> None:
+    model = ThreadRecordingDoubler(cheap)
+    b = make(model)
+    b.start()
+    try:
+        outs = await asyncio.gather(*(submit(b, float(i)) for i in range(3)))
+    finally:
+        await b.stop()
+    assert [float(o[0, 0]) for o in outs] == [0, 2, 4]
+    on_loop = [t == threading.get_ident() for t in model.preprocess_threads]
+    assert on_loop == [cheap] * 3

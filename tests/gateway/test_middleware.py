@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from headroom.core.clock import FakeClock
 from headroom.gateway.auth import KeyStore, create_key
@@ -16,6 +20,7 @@ from headroom.gateway.context import current_context
 from headroom.gateway.limits import InputLimits
 from headroom.gateway.middleware import GatewayConfig, GatewayMiddleware, is_exempt, presented_key
 from headroom.gateway.ratelimit import RateLimitConfig
+from headroom.gateway.usage import LLMUsage, report_usage
 
 Message = MutableMapping[str, Any]
 App = Callable[[Any, Any, Any], Awaitable[None]]
@@ -257,3 +262,87 @@ def test_exempt_paths_are_exact_or_below_a_slash() -> None:
     assert is_exempt("/metrics", exempt) and is_exempt("/v2/health/ready", exempt)
     assert not is_exempt("/metricsX", exempt) and not is_exempt("/v2/healthz", exempt)
     assert not is_exempt("/v2/models/echo/infer", exempt)
+
+
+# --- LLM tokens: charged up front, settled when the request ends -------------------------------------------
+
+
+def llm_app(completion_tokens: int | None, status: int = 200, stream_then_disconnect: bool = False) -> App:
+    """An OpenAI route stand-in: reports `LLMUsage` (unless None) into the scope state, like headroom.llm.http."""
+
+    async def app(sc: Any, receive: Any, send: Any) -> None:
+        await receive()
+        usage = None
+        if completion_tokens is not None:
+            usage = LLMUsage(
+                prompt_tokens=4, completion_tokens=completion_tokens, cached_tokens=0, preprocess_ms=0.001,
+                queue_ms=0.002, prefill_ms=0.003, decode_ms=0.004, total_ms=0.012,  # shorter than any real call
+                finish_reason="abort" if stream_then_disconnect else "stop",
+            )
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        if stream_then_disconnect:
+            await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+            assert (await receive())["type"] == "http.disconnect"  # the client left: no final body
+            if usage is not None:
+                report_usage(sc["state"], usage)
+            return
+        if usage is not None:
+            report_usage(sc["state"], usage)
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    return app
+
+
+def llm_gateway(tmp_path: Path, app: App, provider: TracerProvider | None = None) -> tuple[GatewayMiddleware, Any]:
+    store, keys = keyed(tmp_path)
+    cfg = GatewayConfig(auth_enabled=True, rate_limits=RateLimitConfig.of(llm_tokens_per_s=1, llm_token_burst=600))
+    gateway = GatewayMiddleware(app, cfg, store, FakeClock(), tracer_provider=provider)
+    return gateway, scope("/v1/completions", headers=[(b"x-api-key", keys["a"].encode())])
+
+
+BIG_ASK = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 512}).encode()  # 1 + 512 tokens charged
+
+
+async def test_unused_llm_tokens_are_refunded_when_the_request_ends(tmp_path: Path) -> None:
+    app, sc = llm_gateway(tmp_path, llm_app(completion_tokens=10))
+    assert [(await call(app, sc, BIG_ASK))[0] for _ in range(5)] == [200] * 5  # each nets 11 tokens
+    assert app.limiter.check("a", 0, 0.0).allowed
+    level = app.limiter._state["a"].llm_tokens
+    assert level is not None and level.tokens == pytest.approx(600 - 5 * 11)
+
+
+async def test_without_a_report_errors_are_refunded_and_successes_keep_the_charge(tmp_path: Path) -> None:
+    app, sc = llm_gateway(tmp_path, llm_app(completion_tokens=None, status=404))
+    assert [(await call(app, sc, BIG_ASK))[0] for _ in range(3)] == [404] * 3  # nothing generated
+    app, sc = llm_gateway(tmp_path, llm_app(completion_tokens=None, status=200))
+    assert [(await call(app, sc, BIG_ASK))[0] for _ in range(2)] == [200, 429]
+
+
+async def test_a_client_that_leaves_mid_stream_is_refunded_the_rest(tmp_path: Path) -> None:
+    app, sc = llm_gateway(tmp_path, llm_app(completion_tokens=3, stream_then_disconnect=True))
+    for _ in range(3):
+        status, _, _, sent = await call(app, sc, BIG_ASK)
+        assert status == 200 and sent[-1].get("more_body") is True  # the response never finished
+    level = app.limiter._state["a"].llm_tokens
+    assert level is not None and level.tokens == pytest.approx(600 - 3 * 4)
+
+
+async def test_llm_spans_come_from_the_usage_report(tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app, sc = llm_gateway(tmp_path, llm_app(completion_tokens=7), provider)
+    assert (await call(app, sc, BIG_ASK))[0] == 200
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"ingress", "llm.queue", "llm.prefill", "llm.decode"}
+    ingress = spans["ingress"]
+    assert ingress.context is not None
+    stages = [spans[n] for n in ("llm.queue", "llm.prefill", "llm.decode")]
+    assert all(s.parent is not None and s.parent.span_id == ingress.context.span_id for s in stages)
+    starts_ends = [(s.start_time or 0, s.end_time or 0) for s in stages]
+    assert [e - b for b, e in starts_ends] == [2000, 3000, 4000]  # ns
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(starts_ends))  # in order
+    assert (ingress.start_time or 0) <= starts_ends[0][0] and starts_ends[-1][1] <= (ingress.end_time or 0)
+    assert spans["llm.prefill"].attributes == {"gen_ai.usage.input_tokens": 4, "headroom.llm.cached_tokens": 0}
+    assert spans["llm.decode"].attributes == {"gen_ai.usage.output_tokens": 7}
+    assert ingress.attributes is not None and ingress.attributes["headroom.llm.finish_reason"] == "stop"

@@ -13,6 +13,8 @@ from headroom.gateway.ratelimit import (
     RateLimiter,
     TenantState,
     admit,
+    give_back,
+    refund,
     take,
 )
 
@@ -88,3 +90,43 @@ def test_limiter_forgets_only_refilled_tenants() -> None:
     limiter.check("c", 0, 10.0)  # a and b refilled by now: forgotten, decisions unchanged
     assert not limiter.check("c", 0, 10.0).allowed
     assert limiter.check("a", 0, 10.0).allowed
+
+
+def test_refund_restores_capacity_but_never_above_burst() -> None:
+    cfg = BucketConfig(rate_per_s=1.0, burst=100.0)
+    _, state = take(cfg, None, 90.0, now_s=0.0)  # 10 left
+    state = give_back(cfg, state, 50.0, now_s=2.0)  # 10 + 2 refilled + 50
+    assert state == BucketState(62.0, 2.0)
+    decision, _ = take(cfg, state, 62.0, now_s=2.0)
+    assert decision.allowed
+    assert give_back(cfg, state, 1000.0, now_s=3.0) == BucketState(100.0, 3.0)  # capped
+    assert give_back(cfg, None, 5.0, now_s=3.0) is None  # a full bucket stays full
+    off = BucketConfig(0.0, 0.0)
+    assert give_back(off, BucketState(1.0, 0.0), 5.0, now_s=1.0) == BucketState(1.0, 0.0)  # disabled: untouched
+
+
+def test_negative_refund_charges_an_overrun_as_debt() -> None:
+    cfg = BucketConfig(rate_per_s=10.0, burst=100.0)
+    _, state = take(cfg, None, 100.0, now_s=0.0)
+    state = give_back(cfg, state, -30.0, now_s=0.0)  # generated 30 more than reserved
+    assert state == BucketState(-30.0, 0.0)
+    decision, _ = take(cfg, state, 10.0, now_s=0.0)
+    assert not decision.allowed and decision.retry_after_s == pytest.approx(4.0)  # pay 30, then 10
+    assert give_back(cfg, None, -5.0, now_s=1.0) == BucketState(95.0, 1.0)
+    with pytest.raises(ValueError):
+        give_back(cfg, state, math.inf, now_s=1.0)
+
+
+def test_refund_touches_only_the_llm_bucket_and_the_limiter_settles_per_tenant() -> None:
+    config = RateLimitConfig.of(requests_per_s=1, request_burst=1, llm_tokens_per_s=1, llm_token_burst=600)
+    decision, state = admit(config, TenantState(), 520.0, now_s=0.0)
+    assert decision.allowed
+    settled = refund(config, state, 500.0, now_s=0.0)
+    assert settled.requests == state.requests and settled.llm_tokens == BucketState(580.0, 0.0)
+    limiter = RateLimiter(config)
+    assert limiter.check("a", 520.0, 0.0).allowed
+    assert not limiter.check("a", 520.0, 1.0).allowed  # without the refund: 81 < 520
+    limiter.refund("a", 510.0, 1.0)
+    assert limiter.check("a", 520.0, 2.0).allowed  # the request bucket refilled, the tokens came back
+    limiter.refund("never-seen", 10.0, 2.0)  # a tenant with full buckets: nothing to do
+    assert limiter.check("never-seen", 600.0, 2.0).allowed

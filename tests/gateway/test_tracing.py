@@ -9,11 +9,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from headroom.core.types import StageTimings
 from headroom.gateway.tracing import (
+    IngressSpan,
     TraceParent,
     format_traceparent,
     parse_traceparent,
     record_llm_spans,
     record_request_spans,
+    span_plan_from_server_timing,
     timings_from_server_timing,
 )
 
@@ -109,7 +111,7 @@ def test_unsampled_parent_records_nothing(provider: TracerProvider, exporter: In
 def test_llm_spans(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
     record_llm_spans(provider, "r4", "t", None, queue_ms=3.0, prefill_ms=7.0, decode_ms=40.0, end_ns=10**12)
     spans = {s.name: s for s in exporter.get_finished_spans()}
-    assert set(spans) == {"ingress", "queue", "prefill", "decode"}
+    assert set(spans) == {"ingress", "llm.queue", "llm.prefill", "llm.decode"}
     assert spans["ingress"].start_time == 10**12 - 50_000_000
 
 
@@ -117,3 +119,26 @@ def test_timings_from_server_timing() -> None:
     assert timings_from_server_timing({"queue": 1.0}) is None
     t = timings_from_server_timing({"queue": 1.0, "batch_wait": 2.0, "compute": 3.0, "total": 7.0})
     assert t == StageTimings(queue_ms=1.0, batch_wait_ms=2.0, compute_ms=3.0, total_ms=7.0)
+
+
+def test_stage_spans_stay_inside_the_ingress_span(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
+    """A server-reported total longer than the gateway saw (clock skew) squeezes the stages, never leaks out."""
+    ingress = IngressSpan(provider, "ingress", None, "r5", "t", start_ns=1_000_000_000)
+    ingress.finish([("", 1.0), ("llm.queue", 2.0), ("llm.prefill", 3.0), ("llm.decode", 4.0)],
+                   end_ns=1_005_000_000, total_ms=12.0, stage_attributes={"llm.decode": {"n": 1}})
+    ingress.finish([], end_ns=2_000_000_000)  # a second finish is ignored
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"ingress", "llm.queue", "llm.prefill", "llm.decode"}  # the unnamed gap is no span
+    assert spans["ingress"].end_time == 1_005_000_000
+    bounds = [(spans[n].start_time, spans[n].end_time) for n in ("llm.queue", "llm.prefill", "llm.decode")]
+    assert bounds == [(1_001_000_000, 1_003_000_000), (1_003_000_000, 1_005_000_000), (1_005_000_000, 1_005_000_000)]
+    assert spans["llm.decode"].attributes == {"n": 1}
+
+
+def test_span_plan_from_llm_server_timing() -> None:
+    plan = span_plan_from_server_timing({"preprocess": 1.0, "queue": 2.0, "prefill": 3.0, "decode": 4.0, "total": 11.0})
+    assert plan is not None and plan.total_ms == 11.0
+    assert plan.stages == (("", 1.0), ("llm.queue", 2.0), ("llm.prefill", 3.0), ("llm.decode", 4.0))
+    tensor = span_plan_from_server_timing({"queue": 1.0, "compute": 2.0, "total": 4.0})
+    assert tensor is not None and [name for name, _ in tensor.stages][-2:] == ["compute", "postprocess"]
+    assert span_plan_from_server_timing({"queue": 1.0}) is None

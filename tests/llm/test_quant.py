@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,11 +11,20 @@ import torch.nn.functional as F
 
 from headroom.llm.config import EngineConfig
 from headroom.llm.engine import LLMEngine
-from headroom.llm.model import Linear
+from headroom.llm.model import Linear, build_model
 from headroom.llm.offline import LLM
-from headroom.llm.quant import Int8DynamicLinear, quantize_linears_int8
+from headroom.llm.quant import (
+    INT8_PREFIX,
+    Int8DynamicLinear,
+    int8_state_dict,
+    prepare_int8,
+    quantize_linears_int8,
+    quantize_weight_int8,
+)
 from headroom.llm.request import SamplingParams
-from headroom.llm.runner import BatchItem, ModelBatch
+from headroom.llm.runner import BatchItem, ModelBatch, TorchRunner
+from headroom.llm.weights import INT8_FILE, LoadedCheckpoint
+from tests.llm.conftest import TINY, TINY_ENGINE
 
 MakeEngine = Callable[..., LLMEngine]
 Prompts = Callable[..., list[list[int]]]
@@ -65,3 +75,87 @@ def test_int8_engine_logits_close_to_fp32_and_generation_runs(
     # near-tied random logits may change their argmax (SmolLM2 greedy text is compared in the docs' bench)
     outs = LLM(int8).generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     assert [len(o.outputs[0].token_ids) for o in outs] == [8, 8, 8]
+
+
+class _FakeQuantLinear(torch.nn.Module):
+    """Reference for FBGEMM's dynamic int8 linear in plain fp64 torch: the *dequantised* int8 weights times
+    the input fake-quantised the way `quantized::linear_dynamic(reduce_range=True)` does (one asymmetric
+    7-bit scale and zero point per call, over the range of the whole input including 0)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        q, scales = quantize_weight_int8(weight)
+        self.w = q.double() * scales.double()[:, None]
+        self.b = None if bias is None else bias.detach().double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+        scale = (hi - lo) / 127.0 or 1.0
+        zp = min(max(round(-lo / scale), 0), 127)
+        xq = (torch.clamp(torch.round(x.double() / scale) + zp, 0, 127) - zp) * scale
+        return F.linear(xq, self.w, self.b).float()
+
+
+def test_int8_linear_is_dequantised_weights_times_fake_quantised_input() -> None:
+    g = torch.Generator().manual_seed(3)
+    w, b, x = torch.randn(48, 32, generator=g), torch.randn(48, generator=g), torch.randn(7, 32, generator=g) + 0.3
+    got, ref = Int8DynamicLinear(w, b)(x), _FakeQuantLinear(w, b)(x)
+    assert (got - ref).abs().max() < 1e-5 * ref.abs().max()  # float rounding only
+    assert (got - F.linear(x, w, b)).abs().max() > 1e-3 * ref.abs().max()  # and fp32 is really different
+
+
+def _greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return [list(o.outputs[0].token_ids) for o in LLM(engine).generate(prompts, params)]
+
+
+def test_int8_greedy_equals_dequantised_reference_and_reports_fp32_agreement(
+    make_tiny: MakeEngine, prompts_of_lengths: Prompts
+) -> None:
+    """int8 greedy text = the same model with the dequantised int8 weights (and FBGEMM's activation
+    rounding) computed in fp64; against plain fp32 it is only close (the agreement rate is printed)."""
+    prompts = prompts_of_lengths([5, 21, 9, 14])
+    int8, ref, fp32 = make_tiny(weight_dtype="int8"), make_tiny(), make_tiny()
+    model = ref.runner.model  # type: ignore[attr-defined]
+    targets = [(p, n, c) for p in model.modules() for n, c in p.named_children() if isinstance(c, Linear)]
+    assert targets
+    for parent, name, child in targets:
+        setattr(parent, name, _FakeQuantLinear(child.weight, child.bias))
+    # one prompt at a time: FBGEMM's activation scale spans the whole step, so batches must match exactly
+    got = [_greedy(int8, [p], 12)[0] for p in prompts]
+    assert got == [_greedy(ref, [p], 12)[0] for p in prompts]
+    plain = [_greedy(fp32, [p], 12)[0] for p in prompts]
+    same = sum(a == b for g, p in zip(got, plain, strict=True) for a, b in zip(g, p, strict=True))
+    print(f"int8 vs fp32 greedy token agreement (tiny random model): {same}/{12 * len(prompts)}")
+
+
+def test_cached_int8_weights_load_without_quantising_and_give_identical_logits(
+    tiny_state: dict[str, torch.Tensor], prompts_of_lengths: Prompts
+) -> None:
+    fused = build_model(TINY, tiny_state, torch.device("cpu"), torch.float32)
+    fused.fuse_projections()
+    cache = int8_state_dict(fused)
+    assert all(k.startswith(INT8_PREFIX) for k in cache)
+    assert {k for k in cache if k.endswith("qkv_proj.weight")} and all(
+        v.dtype == torch.int8 for k, v in cache.items() if k.endswith(".weight")
+    )
+    cold = build_model(TINY, tiny_state, torch.device("cpu"), torch.float32)
+    warm = build_model(TINY, {**tiny_state, **cache}, torch.device("cpu"), torch.float32)
+    assert prepare_int8(cold, cold.extra_tensors) == 0
+    assert prepare_int8(warm, warm.extra_tensors) == 4 * TINY.num_hidden_layers + 1  # + lm_head
+    assert not any(isinstance(m, Linear) for m in warm.modules())
+    batch = ModelBatch(tuple(BatchItem(f"s{i}", tuple(p), 0, (2 * i, 2 * i + 1), True) for i, p in
+                             enumerate(prompts_of_lengths([5, 21, 9]))), 16)  # fmt: skip
+    a = TorchRunner(cold, replace(TINY_ENGINE, weight_dtype="int8")).execute(batch)
+    b = TorchRunner(warm, replace(TINY_ENGINE, weight_dtype="int8")).execute(batch)
+    assert torch.equal(a, b)
+
+
+def test_converted_gguf_caches_the_int8_weights(smollm2: LoadedCheckpoint) -> None:
+    assert smollm2.cache_dir is not None and (smollm2.cache_dir / INT8_FILE).exists()
+    sd = smollm2.state_dict
+    qkv = torch.cat([sd[f"model.layers.3.self_attn.{p}_proj.weight"] for p in "qkv"])
+    q, scales = quantize_weight_int8(qkv)
+    assert torch.equal(sd[f"{INT8_PREFIX}model.layers.3.self_attn.qkv_proj.weight"], q)
+    assert torch.equal(sd[f"{INT8_PREFIX}model.layers.3.self_attn.qkv_proj.scale"], scales)
+    assert f"{INT8_PREFIX}lm_head.weight" in sd

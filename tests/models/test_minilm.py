@@ -109,9 +109,33 @@ def test_flat_string_tensor_is_accepted(minilm: LoadedModel) -> None:
 def test_long_text_is_truncated_like_sentence_transformers(minilm: LoadedModel, reference: Reference) -> None:
     long_text = " ".join(["serving"] * 600)
     item = minilm.model.preprocess(wire([long_text]), {})
-    assert item["input_ids"].shape == (1, 256)
+    assert minilm.model.collate([item])["input_ids"].shape == (1, 256)
     got = run_pipeline(minilm.model, wire([long_text]))["embedding"][0]
     np.testing.assert_allclose(got, reference_embeddings(reference, [long_text])[0], atol=1e-5)
+
+
+def test_batch_is_tokenized_once_and_padded_to_its_longest_sentence(minilm: LoadedModel) -> None:
+    model = minilm.model
+    assert isinstance(model, MiniLMOnnxModel) and model.cheap_preprocess  # batcher runs it inline: decode only
+    items = [model.preprocess(wire(SENTENCES[3:4]), {}), model.preprocess(wire(SENTENCES[2:3]), {})]
+    assert [model.request_batch_size(i) for i in items] == [1, 1]
+    batch = model.collate(items)
+    short, long = (int(n) for n in batch["attention_mask"].sum(axis=1)[::-1])
+    assert batch["input_ids"].shape == (2, long) and short < long
+    assert batch["input_ids"][1, short:].tolist() == [0] * (long - short)  # padding, masked out
+    alone = model.collate([items[1]])
+    assert alone["input_ids"].shape == (1, short)
+    assert alone["input_ids"][0].tolist() == batch["input_ids"][1, :short].tolist()
+
+
+def test_large_batch_runs_in_length_sorted_sub_batches_and_keeps_request_order(
+        any_minilm: LoadedModel, expected: np.ndarray) -> None:
+    model = any_minilm.model
+    assert isinstance(model, MiniLMOnnxModel | MiniLMModel) and model.length_bucket_size == 8
+    order = [4, 2, 0, 3, 1, 2, 3, 0, 4, 1, 2]  # 11 sentences of mixed lengths: sub-batches of 8 and 3
+    items = [model.preprocess(wire([SENTENCES[i]]), {}) for i in order]
+    got = model.split(model.predict(model.collate(items)), [1] * len(items))
+    np.testing.assert_allclose(np.concatenate([g["embedding"] for g in got]), expected[order], atol=1e-5)
 
 
 def test_bad_text_is_a_bad_request(minilm: LoadedModel) -> None:

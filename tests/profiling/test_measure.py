@@ -46,7 +46,7 @@ def test_profile_document_is_readable_by_the_simulator() -> None:
     model = Sleepy()
     timings = profile_model(model, (1, 4, 16), repeats=3)
     doc = profile_document("sleepy", timings, 3)
-    assert set(doc["service_ms"]) == {"1", "4", "16"}  # type: ignore[arg-type]
+    assert set(doc["service_ms"]) == {"1", "4", "16"}  # type: ignore[call-overload]
     profile = profile_from_mapping(doc)
     assert profile.mean_service_s(16) > profile.mean_service_s(1)
     assert profile.distribution == "lognormal" and profile.cv >= 0

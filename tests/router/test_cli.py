@@ -63,3 +63,21 @@ async def test_run_cluster_serves_through_the_router_and_drains_on_stop() -> Non
         stop.set()
         manager = await run
     assert manager.serving() == () and sum(e.startswith("drained") for e in manager.events) == 2
+
+
+def test_help_explains_the_backends_and_the_ray_options() -> None:
+    result = CliRunner().invoke(_app(), ["--help"])
+    assert result.exit_code == 0
+    for word in ("--backend", "--ray-address", "--placement", "--actor-resource", "--actor-num-cpus", "spread"):
+        assert word in result.output
+
+
+def test_bad_backend_placement_or_resource_say_how_to_fix_them() -> None:
+    bad_backend = CliRunner().invoke(_app(), ["--backend", "k8s"])
+    assert bad_backend.exit_code == 2 and "'local' or 'ray'" in bad_backend.output
+    bad_placement = CliRunner().invoke(_app(), ["--backend", "ray", "--placement", "scatter"])
+    assert bad_placement.exit_code == 2 and "spread, pack, default" in bad_placement.output
+    bad_resource = CliRunner().invoke(_app(), ["--backend", "ray", "--actor-resource", "gpu_node=lots"])
+    assert bad_resource.exit_code == 2 and "must be a number" in bad_resource.output
+    no_name = CliRunner().invoke(_app(), ["--backend", "ray", "--actor-resource", "=1"])
+    assert no_name.exit_code == 2 and "NAME=AMOUNT" in no_name.output

@@ -1,13 +1,16 @@
 """Replicas as Ray actors on a REAL local Ray cluster (127.0.0.1), with the router in front: placement, cold-start
-stages, traffic over both replicas, a drain that loses nothing, and a kill -9 that the manager repairs; and
-`headroom route-ray` (headroom.router.ray_cli) end to end."""
+stages, traffic over both replicas, a drain that loses nothing, and a kill -9 that the manager repairs;
+`run_ray_cluster` end to end; and `headroom route --backend ray` as a real process (its own local cluster)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -155,15 +158,50 @@ async def test_ray_actor_replicas_behind_the_router(ray_cluster: None, tmp_path:
     assert manager.serving() == () and len(manager.cold_starts) == 4
 
 
-def test_route_ray_help_explains_the_ray_options() -> None:
+def test_deprecated_route_ray_still_explains_its_options_and_points_to_route() -> None:
     app = typer.Typer()
     app.command()(route_ray)
     result = CliRunner().invoke(app, ["--help"])
     assert result.exit_code == 0
-    for word in ("--ray-address", "--actor-num-cpus", "--replica-host", "--replicas", "--policy"):
+    for word in ("--ray-address", "--actor-num-cpus", "--replica-host", "--replicas", "--policy", "DEPRECATED"):
         assert word in result.output
     bad = CliRunner().invoke(app, ["--policy", "fastest"])
-    assert bad.exit_code == 2 and "peak_ewma" in bad.output
+    assert bad.exit_code == 2 and "peak_ewma" in bad.output and "route --backend ray" in bad.output
+
+
+@pytest.mark.timeout(180)
+async def test_headroom_route_backend_ray_serves_and_drains_on_ctrl_c(tmp_path: Path) -> None:
+    repo = build_test_repository(tmp_path / "repo")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "headroom.cli.main", "route", "--backend", "ray", "--replicas", "1",
+                             "--port", str(port), "--grpc-port", "-1", "--model-repository", str(repo), "--model",
+                             "echo", "--ray-num-cpus", "1", "--policy", "p2c", "--drain-timeout-s", "5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30.0) as client:
+            ready = False
+            for _ in range(2400):
+                if proc.poll() is not None:
+                    break
+                with contextlib.suppress(httpx.TransportError):
+                    ready = (await client.get("/v2/health/ready")).status_code == 200
+                if ready:
+                    break
+                await asyncio.sleep(0.05)
+            assert ready, proc.stdout.read().decode() if proc.poll() is not None and proc.stdout else "not ready"
+            r = await client.post(INFER, content=_body(6), headers={"content-type": "application/json"})
+            assert _doubled(r, 6) and r.headers["x-headroom-replica"] == "ray-replica-1"
+            replica_url = (await client.get("/router/stats")).json()["replicas"][0]["url"]
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: the router stops, drains its replica, stops the Ray cluster
+        out, _ = await asyncio.to_thread(proc.communicate, timeout=90)
+    text = out.decode()
+    assert proc.returncode == 0, text
+    assert "ray-replica-1 on node 127.0.0.1" in text and "router ready" in text
+    assert "stopped: drained 1 replica(s)" in text, text
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        with pytest.raises(httpx.ConnectError):  # the replica process is gone with its actor
+            await client.get(replica_url + "/v2/health/live")
 
 
 @pytest.mark.timeout(120)

@@ -3,8 +3,11 @@ management, per-tenant rate limits. (The gateway's own behaviour is tested in te
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -58,3 +61,33 @@ def test_api_keys_roles_and_rate_limits_through_headroom_serve(test_repo: Path, 
         result = client.infer("echo", [inp], headers={"authorization": f"Bearer {admin}"})
         np.testing.assert_array_equal(result.as_numpy("y"), [[2.0, 4.0]])
         assert user not in srv.log() and admin not in srv.log()
+
+
+def _read_until_closed(sock: socket.socket, limit_s: float) -> bytes:
+    sock.settimeout(limit_s)
+    chunks = []
+    while True:
+        chunk = sock.recv(65536)  # raises TimeoutError if the server never hangs up
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def test_slow_headers_get_408_and_the_connection_closed(test_repo: Path, tmp_path: Path) -> None:
+    """Slowloris before the body: half a request line and one header, then silence; and a connection that
+    never sends anything. Both are answered 408 and closed by the server; a prompt request still works."""
+    with run_server(test_repo, tmp_path, ["--model", "echo", "--headers-timeout-s", "1"]) as srv:
+        with socket.create_connection(("127.0.0.1", srv.http_port)) as slow:
+            slow.sendall(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n")
+            received = _read_until_closed(slow, 30.0)
+        head, _, body = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), received[:200]
+        assert "slow client" in json.loads(body)["error"]
+        with socket.create_connection(("127.0.0.1", srv.http_port)) as silent:
+            assert _read_until_closed(silent, 30.0).startswith(b"HTTP/1.1 408")
+        # a kept-alive connection: the deadline applies per request, not to the whole connection
+        with httpx.Client(base_url=srv.url) as client:
+            assert client.post("/v2/models/echo/infer", json=BODY).status_code == 200
+            time.sleep(1.5)  # longer than the headers deadline, shorter than uvicorn's keep-alive (5 s)
+            assert client.post("/v2/models/echo/infer", json=BODY).status_code == 200
+        assert httpx.get(srv.url + "/v2/health/ready").status_code == 200

@@ -41,3 +41,16 @@ def test_sim_reports_bad_input() -> None:
     result = runner.invoke(app, ["sim", "--batching", "continuous", "--duration", "1"])
     assert result.exit_code == 2
     assert "llm" in result.output
+
+
+def test_sim_reports_token_latencies_for_continuous_batching() -> None:
+    args = ["sim", "--profile", "llm_8b_gpu", "--batching", "continuous", "--rate", "4", "--duration", "30"]
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0, table.output
+    assert "TTFT p50 / p90 / p99" in table.output and "TPOT" in table.output and "ITL" in table.output
+    result = runner.invoke(app, [*args, "--json", "-"])
+    assert result.exit_code == 0, result.output
+    m = json.loads(result.output)["metrics"]
+    for name in ("ttft", "tpot", "itl"):
+        assert 0 < m[f"{name}_p50_s"] <= m[f"{name}_p90_s"] <= m[f"{name}_p99_s"]
+    assert m["tpot_p50_s"] < m["ttft_p50_s"] < m["p50_latency_s"]

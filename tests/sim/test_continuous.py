@@ -36,6 +36,45 @@ def test_a_late_arrival_joins_at_the_next_iteration_boundary() -> None:
     assert r.mean_batch_size > 1
 
 
+def test_single_sequence_token_latencies() -> None:
+    # TTFT = prefill (100 tokens x 0.1 ms) + one decode step; every later token one step (10 ms).
+    r = simulate(SimConfig(batching="continuous"), _llm(prefill_ms_per_token=0.1), np.array([0.0]))
+    for q in (50, 90, 99):
+        assert getattr(r, f"ttft_p{q}_s") == pytest.approx(0.010 + 0.010)
+        assert getattr(r, f"tpot_p{q}_s") == pytest.approx(0.010)
+        assert getattr(r, f"itl_p{q}_s") == pytest.approx(0.010)
+    assert r.mean_tpot_s == pytest.approx(0.010) and r.mean_itl_s == pytest.approx(0.010)
+    m = r.summary()
+    assert m["ttft_p99_s"] == pytest.approx(0.020) and m["tpot_p50_s"] == pytest.approx(0.010)
+
+
+def test_a_joining_prefill_stretches_the_running_sequences_token_gap() -> None:
+    # A at 0: first token at 20 ms (10 ms prefill + 10 ms step), then 10 ms steps. B arrives at 25 ms, joins at
+    # the 30 ms boundary: that iteration runs B's 10 ms prefill too, so A's next token comes 20 ms later (at 50).
+    # A ends at 120 ms (10 tokens), B at 140 ms. ITLs: A 8 x 10 ms + 1 x 20 ms, B 9 x 10 ms.
+    r = simulate(SimConfig(batching="continuous"), _llm(prefill_ms_per_token=0.1), np.array([0.0, 0.025]))
+    assert sorted(r.latencies_s.tolist()) == pytest.approx([0.115, 0.120])
+    assert [r.ttft_p50_s, r.ttft_p99_s] == pytest.approx(np.percentile([0.020, 0.025], [50, 99]).tolist())
+    assert [r.tpot_p50_s, r.tpot_p99_s] == pytest.approx(
+        np.percentile([(0.120 - 0.020) / 9, (0.140 - 0.050) / 9], [50, 99]).tolist())
+    gaps = [0.010] * 17 + [0.020]
+    assert [r.itl_p50_s, r.itl_p90_s, r.itl_p99_s] == pytest.approx(np.percentile(gaps, [50, 90, 99]).tolist())
+    assert r.mean_itl_s == pytest.approx(float(np.mean(gaps)))
+
+
+def test_without_prefill_cost_every_token_gap_is_one_step_at_any_load() -> None:
+    arrivals = poisson(40, 30.0, np.random.default_rng(3))
+    r = simulate(SimConfig(batching="continuous", replicas=2, router="least_outstanding", warmup_s=5.0, seed=3),
+                 _llm(output_tokens=12, slots=4, dist="geometric"), arrivals)
+    assert r.completed == r.offered > 900
+    assert r.max_queue_depth > 4  # the slots were full: requests queued, TTFT includes that wait
+    for q in (50, 90, 99):
+        assert getattr(r, f"itl_p{q}_s") == pytest.approx(0.010)
+        assert getattr(r, f"tpot_p{q}_s") == pytest.approx(0.010)
+    assert r.ttft_p50_s >= 0.010 - 1e-12
+    assert r.ttft_p99_s > r.ttft_p50_s
+
+
 def test_slots_limit_the_running_set() -> None:
     r = simulate(SimConfig(batching="continuous"), _llm(slots=1), np.array([0.0, 0.0]))
     assert sorted(r.latencies_s.tolist()) == pytest.approx([0.100, 0.200])

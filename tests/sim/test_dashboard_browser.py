@@ -81,6 +81,13 @@ def test_presets_run_in_chromium(base_url: str, tmp_path: Path) -> None:
 
     assert seconds(p99_cont) < seconds(p99_static)
     assert int(_metric(cont, "m-done").replace(",", "")) > 4000
+    # Continuous batching reports per-token latencies (p50 / p90 / p99); static batching of whole requests not.
+    ttft = [seconds(v) for v in _metric(cont, "m-ttft").split(" / ")]
+    tpot = [seconds(v) for v in _metric(cont, "m-tpot").split(" / ")]
+    assert len(ttft) == 3 and 0 < ttft[0] <= ttft[1] <= ttft[2] and 0 < tpot[0] <= tpot[2] < ttft[2]
+    assert _metric(static, "m-ttft") == "–"
+    # Served without a registry (no `headroom serve` behind it), the live section stays hidden.
+    assert re.search(r'<section id="live"[^>]*hidden', static)
     shot = tmp_path / "dashboard.png"
     _chromium(f"--screenshot={shot}", "--window-size=1280,900", f"{base_url}/dashboard?preset=autoscale_25qps")
     assert shot.stat().st_size > 10_000

@@ -131,7 +131,7 @@ def test_simulator_runs_on_a_fake_clock_and_rejects_bad_config() -> None:
     sim = Simulator(SimConfig(batching="none"), ServiceProfile.constant(0.010))
     r = sim.run(constant(10, 1.0))
     assert sim.clock.now_s() == pytest.approx(0.9 + 0.010)
-    assert math.isnan(r.mean_ttft_s)
+    assert math.isnan(r.mean_ttft_s) and math.isnan(r.ttft_p99_s) and math.isnan(r.itl_p50_s)
     with pytest.raises(ValueError, match="llm"):
         Simulator(SimConfig(batching="continuous"), ServiceProfile.constant(0.01))
     with pytest.raises(ValueError, match="batching"):

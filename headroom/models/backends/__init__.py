@@ -39,7 +39,25 @@ def create_model(config: ModelConfig, where: str) -> Model:
                 f"(the {config.backend} backend's class)"
             )
         cls = found
+    if config.backend == "torch" and config.runtime.mode == "compile" and not honours_runtime(cls):
+        raise ModelLoadError(
+            f"{where}.runtime.mode: {ref!r} overrides load() without applying `runtime:`, so `mode: compile` "
+            f"would be ignored; use a class that calls apply_runtime/compile_now (for minilm: "
+            f"headroom.models.builtin.runtime_variants:MiniLMTorchModel) or `mode: eager`"
+        )
     return cls(config)
+
+
+def honours_runtime(cls: type[Model]) -> bool:
+    """Whether a TorchModel subclass applies `runtime.mode` (inherits TorchModel.load or says it does)."""
+    for klass in cls.__mro__:
+        if klass is TorchModel:
+            return True
+        if "runtime_aware" in vars(klass):
+            return bool(vars(klass)["runtime_aware"])
+        if "load" in vars(klass):
+            return False
+    return True
 
 
 __all__ = ["BACKEND_CLASSES", "OnnxModel", "PythonModel", "TorchModel", "create_model"]

@@ -8,6 +8,12 @@ Parameters::
     torchscript: model.ts             # alternative to module + weights: a torch.jit.save'd file
     num_threads: 2                    # torch intra-op threads (process-wide in PyTorch; optional)
 
+`runtime: {mode: compile}` wraps the module in torch.compile (inductor by default) and compiles it at load,
+in a `compile` cold-start stage, for every warmup batch size; the compiled artifacts are cached across
+restarts (headroom.models.backends.compiled). `runtime.intra_op_threads` overrides `num_threads`.
+A subclass that overrides `load()` must pass its module through `apply_runtime` and then call
+`compile_now` (and set `runtime_aware = True`), or a config asking for `mode: compile` is refused.
+
 `predict` calls the module with the batch's tensors positionally in the config's input order, under
 `torch.inference_mode()` in eval mode. A tensor result is the first declared output; a tuple maps to the
 declared outputs in order; a dict maps by name.
@@ -18,7 +24,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -30,6 +36,13 @@ from headroom.models.artifacts import (
     pickle_allowed,
     refuse_pickle,
     resolve_artifact,
+)
+from headroom.models.backends.compiled import (
+    artifact_path,
+    compile_module,
+    file_fingerprint,
+    load_artifacts,
+    save_artifacts,
 )
 from headroom.models.base import Arrays, LoadContext, Model
 
@@ -60,6 +73,47 @@ class TorchModel(Model):
     """Runs a PyTorch module (eager with safetensors weights, or TorchScript) on the CPU."""
 
     module: torch.nn.Module | None = None
+    #: this class applies `runtime.mode` itself (see the module docstring)
+    runtime_aware: ClassVar[bool] = True
+    #: what the compiled-artifact cache did at the last load: "", "off", "hit", "miss (written)"
+    compile_cache: str = ""
+    _artifacts: Path | None = None
+
+    def apply_runtime(self, module: torch.nn.Module, ctx: LoadContext, weights: Path | None) -> torch.nn.Module:
+        """The module as `runtime:` asks: unchanged (eager) or torch.compile'd, cached artifacts loaded."""
+        runtime = self.config.runtime
+        where = f"model {self.config.name!r} ({ctx.version_dir})"
+        if runtime.intra_op_threads:
+            torch.set_num_threads(runtime.intra_op_threads)
+        if runtime.mode != "compile":
+            return module
+        compiled = compile_module(module, runtime, where)
+        self.compile_cache = "off"
+        self._artifacts = None
+        if runtime.compile_cache:
+            parts = (self.config.name, f"{type(module).__module__}.{type(module).__qualname__}",
+                     file_fingerprint(weights) if weights is not None and weights.exists() else "")
+            self._artifacts = artifact_path(runtime, self.config.name, parts)
+            with ctx.stage("load_compile_cache"):
+                self.compile_cache = "hit" if load_artifacts(self._artifacts) else "miss"
+        return compiled
+
+    def compile_now(self, ctx: LoadContext) -> None:
+        """Compile at load (not at the first request): one predict per warmup batch size, then cache."""
+        if self.config.runtime.mode != "compile":
+            return
+        sizes = set(self.config.warmup.batch_sizes) | {1}
+        if self.config.max_batch_size >= 2:
+            sizes.add(2)  # torch specialises size 1; 2 gives the dynamic graph every larger batch reuses
+        with ctx.stage("compile"):
+            for size in sorted(sizes):
+                if self.config.max_batch_size == 0 and size != 1:
+                    continue
+                self.predict(self.collate([self.preprocess(self.warmup_inputs(size), {})]))
+        if self._artifacts is not None and self.compile_cache == "miss":
+            with ctx.stage("save_compile_cache"):
+                if save_artifacts(self._artifacts):
+                    self.compile_cache = "miss (written)"
 
     def load(self, ctx: LoadContext) -> None:
         params = self.config.parameters
@@ -70,7 +124,9 @@ class TorchModel(Model):
             with ctx.stage("read_weights"):
                 data = path.read_bytes()
             with ctx.stage("build_session"):
-                self.module = self._load_torchscript(data, path)
+                scripted = self._load_torchscript(data, path)
+            self.module = self.apply_runtime(scripted, ctx, path)
+            self.compile_now(ctx)
             return
         if "module" not in params:
             raise ModelLoadError(
@@ -95,7 +151,8 @@ class TorchModel(Model):
                 module.load_state_dict(state)
             except RuntimeError as exc:
                 raise ModelLoadError(f"{path}: weights do not fit {params['module']}: {exc}") from None
-            self.module = module.eval()
+        self.module = self.apply_runtime(module.eval(), ctx, path)
+        self.compile_now(ctx)
 
     @staticmethod
     def _read_state(path: Path, params: Mapping[str, object]) -> Mapping[str, torch.Tensor]:

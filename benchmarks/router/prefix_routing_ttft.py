@@ -1,0 +1,200 @@
+"""TTFT with and without prefix-aware routing, on the real LLM engine (smollm2), through the router.
+
+    .venv/bin/python benchmarks/router/prefix_routing_ttft.py            # ~8 min on 2 busy cores
+    .venv/bin/python benchmarks/router/prefix_routing_ttft.py --repeats 1 --requests 20   # quick look
+
+Two `headroom serve` replicas of smollm2 (each with a small KV pool, so one replica cannot keep every
+group's system prompt cached), one router in this process, and a shared-prefix chat workload: `--groups`
+"conversation groups", each with its own long system prompt, and a short distinct user question per request.
+Each run sends the same open-loop Poisson schedule with `headroom bench run --protocol openai-chat` through
+the router, once with `--policy prefix` (rendezvous hash of the first 256 prompt characters, spill when
+overloaded) and once with `p2c`, interleaved (prefix, p2c, prefix, p2c, ...), `--repeats` times. Every run
+uses fresh system prompts (a new seed), so the replicas' prefix caches carry nothing useful from earlier runs.
+
+Reported per run: TTFT p50 / p99 (from the load generator, measured from each request's intended send time),
+and the replicas' prefix-cache hit rate over the run = delta of `headroom_llm_prefix_cache_hits_total` /
+delta of `headroom_llm_prefix_cache_queries_total`, summed over both replicas (prompt tokens). Medians over
+the repeats go to the summary. Results: benchmarks/results/router_prefix_<date>_<time>.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from headroom.router.cli import serve_command
+from headroom.router.fake_replica import serve_asgi
+from headroom.router.proxy import ProxyConfig, Router
+from headroom.router.replicas import LocalReplicaManager, ReplicaManagerConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+WORDS_TEXT = ("the a model server batch queue latency request token cache every small fast slow quiet bright river "
+         "mountain engineer reads writes measures waits answers many few network memory core thread stream user "
+         "system prefers keeps grows falls under over beside within after before simple careful honest tail mean "
+         "percentile budget load traffic peak valley morning evening green orange red blue city garden window")
+WORDS = WORDS_TEXT.split()
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+def make_repository(root: Path, kv_cache_memory_mb: float) -> Path:
+    """A model repository with smollm2 as in ./models, but with a smaller KV pool (and one CPU thread)."""
+    cfg = yaml.safe_load((ROOT / "models" / "smollm2" / "config.yaml").read_text())
+    cfg["parameters"]["kv_cache_memory_mb"] = kv_cache_memory_mb
+    cfg["parameters"]["num_threads"] = 1
+    (root / "smollm2").mkdir(parents=True)
+    (root / "smollm2" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return root
+
+
+def make_workload(path: Path, seed: int, prompt_seed: int, groups: int, prefix_words: int, requests: int,
+                  max_tokens: int) -> None:
+    """JSONL of chat bodies: a system prompt per group (distinct from its first words; its text drawn from
+    `prompt_seed`) and a distinct question; which group each request belongs to is drawn from `seed`."""
+    prompt_rng = random.Random(prompt_seed)
+    systems = [f"You are assistant number {g} of prompt set {prompt_seed}. "
+               + " ".join(prompt_rng.choices(WORDS, k=prefix_words)) for g in range(groups)]
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for i in range(requests):
+            g = rng.randrange(groups)
+            question = f"Question {i}: " + " ".join(rng.choices(WORDS, k=12)) + "?"
+            body = {"messages": [{"role": "system", "content": systems[g]}, {"role": "user", "content": question}],
+                    "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+            f.write(json.dumps({"body": body}) + "\n")
+
+
+async def prefix_counters(client: httpx.AsyncClient, urls: list[str]) -> tuple[float, float]:
+    """(hits, queries) of the prefix cache, summed over the replicas' /metrics."""
+    hits = queries = 0.0
+    for url in urls:
+        text = (await client.get(url + "/metrics")).text
+        for line in text.splitlines():
+            if line.startswith("headroom_llm_prefix_cache_hits_total"):
+                hits += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("headroom_llm_prefix_cache_queries_total"):
+                queries += float(line.rsplit(" ", 1)[1])
+    return hits, queries
+
+
+async def one_run(manager: LocalReplicaManager, policy: str, workload: Path, rate: float, requests: int,
+                  seed: int, out_json: Path) -> dict[str, Any]:
+    router = Router([], ProxyConfig(policy=policy, shedding=False, check_interval_s=0.2, hedging=False),
+                    rng=random.Random(seed))
+    manager.on_change = router.set_upstreams
+    router.set_upstreams(manager.serving())
+    urls = [u.base_url for u in manager.serving()]
+    async with serve_asgi(router.app, lifespan="on") as url, httpx.AsyncClient(timeout=10.0) as client:
+        for _ in range(600):
+            if sum(s.ready for s in router.snapshots()) == len(urls):
+                break
+            await asyncio.sleep(0.05)
+        before = await prefix_counters(client, urls)
+        argv = [sys.executable, "-m", "headroom.cli.main", "bench", "run", url, "--model", "smollm2",
+                "--protocol", "openai-chat", "--workload", "jsonl", "--dataset-path", str(workload),
+                "--rate", str(rate), "--duration", str(requests / rate), "--seed", str(seed), "--warmup", "0",
+                "--metrics-url", "none", "--timeout-s", "120", "--json", str(out_json), "--label", policy]
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"headroom bench failed ({proc.returncode}):\n{err.decode()[-2000:]}")
+        after = await prefix_counters(client, urls)
+        counters = dict(router.counters)
+        per_replica = {s.replica_id: s.outstanding for s in router.snapshots()}  # in flight at the end (0)
+        per_replica_requests = {rid: rt.requests for rid, rt in router.replicas.items()}
+    result = json.loads(out_json.read_text())
+    ttft, latency = result["ttft_ms"], result["latency_ms"]
+    hits, queries = after[0] - before[0], after[1] - before[1]
+    return {"policy": policy, "seed": seed, "ttft_p50_ms": ttft["p50_ms"], "ttft_p99_ms": ttft["p99_ms"],
+            "latency_p50_ms": latency["p50_ms"], "latency_p99_ms": latency["p99_ms"],
+            "prefix_hit_rate": hits / queries if queries else 0.0, "prefix_hit_tokens": hits,
+            "prefix_query_tokens": queries, "completed": result["counts"]["completed"],
+            "errors": result["counts"]["errors"], "late_sends": result["generator"]["late_sends"],
+            "router_counters": counters, "requests_per_replica": per_replica_requests,
+            "outstanding_at_end": per_replica}
+
+
+async def main_async(repeats: int, requests: int, rate: float, groups: int, prefix_words: int, max_tokens: int,
+                     kv_cache_memory_mb: float, console: Console) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="headroom-prefix-bench-"))
+    repo = make_repository(work / "repo", kv_cache_memory_mb)
+    manager = LocalReplicaManager(serve_command(repo, ["smollm2"], 5.0),
+                                  ReplicaManagerConfig(capacity=8, start_timeout_s=600.0))
+    runs: list[dict[str, Any]] = []
+    try:
+        with console.status("starting 2 smollm2 replicas..."):
+            await manager.scale_to(2, 0)
+        console.print(f"replicas ready after {[round(c.ready_s, 1) for c in manager.cold_starts]} s")
+        for rep in range(repeats):
+            for policy in ("prefix", "p2c"):
+                seed = 1000 + rep  # the same schedule and group sequence for both policies of a repeat...
+                workload = work / f"{policy}_{rep}.jsonl"
+                # ...but fresh system prompt texts per run, so the caches start cold for this run's groups
+                make_workload(workload, seed, seed * 10 + (policy == "p2c"), groups, prefix_words, requests,
+                              max_tokens)
+                with console.status(f"repeat {rep + 1}/{repeats}: {policy}, {requests} requests at {rate:g}/s..."):
+                    run = await one_run(manager, policy, workload, rate, requests, seed,
+                                        work / f"{policy}_{rep}.json")
+                console.print(f"  {policy:6s} TTFT p50 {run['ttft_p50_ms']:.0f} ms, p99 {run['ttft_p99_ms']:.0f} ms,"
+                              f" prefix hit rate {run['prefix_hit_rate']:.1%}")
+                runs.append(run)
+    finally:
+        await manager.close()
+    summary = {}
+    for policy in ("prefix", "p2c"):
+        mine = [r for r in runs if r["policy"] == policy]
+        summary[policy] = {k: statistics.median(r[k] for r in mine)
+                           for k in ("ttft_p50_ms", "ttft_p99_ms", "prefix_hit_rate")}
+    return {"runs": runs, "median": summary, "cold_start_ready_s": [c.ready_s for c in manager.cold_starts]}
+
+
+@app.command()
+def main(repeats: int = typer.Option(3, help="Interleaved prefix/p2c pairs (quote medians)."),
+         requests: int = typer.Option(30, help="Requests per run."),
+         rate: float = typer.Option(0.4, help="Offered load, requests/s (Poisson); keep it under what 2 replicas "
+                                                "serve without prefix hits, or queueing swamps TTFT."),
+         groups: int = typer.Option(6, help="Conversation groups (distinct system prompts) per run."),
+         prefix_words: int = typer.Option(120, help="Words per system prompt (about 1.2 tokens each)."),
+         max_tokens: int = typer.Option(4, help="Generated tokens per request (ignore_eos)."),
+         kv_cache_memory_mb: float = typer.Option(32.0, help="KV pool per replica (~0.7 MiB per 16-token block): room "
+                                                              "for about 5 system prompts of 120 words."),
+         out: Path = typer.Option(None, help="Result JSON (default benchmarks/results/router_prefix_<now>.json).")
+         ) -> None:
+    """Measure TTFT p50/p99 and prefix-cache hit rate, prefix-aware vs P2C routing, 2 smollm2 replicas."""
+    console = Console()
+    load_before = os.getloadavg()
+    started = dt.datetime.now(dt.UTC)
+    result = asyncio.run(main_async(repeats, requests, rate, groups, prefix_words, max_tokens, kv_cache_memory_mb,
+                                    console))
+    result["config"] = {"repeats": repeats, "requests": requests, "rate_per_s": rate, "groups": groups,
+                        "prefix_words": prefix_words, "max_tokens": max_tokens,
+                        "kv_cache_memory_mb": kv_cache_memory_mb, "replicas": 2, "model": "smollm2",
+                        "command": " ".join(sys.argv)}
+    result["machine"] = {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+                         "started_utc": started.isoformat()}
+    path = out or ROOT / "benchmarks" / "results" / f"router_prefix_{started:%Y-%m-%d_%H%M}.json"
+    path.write_text(json.dumps(result, indent=2))
+    table = Table("policy", "TTFT p50 ms", "TTFT p99 ms", "prefix-cache hit rate",
+                  title=f"median of {repeats} runs, 2 smollm2 replicas, {groups} system prompts")
+    for policy, m in result["median"].items():
+        table.add_row(policy, f"{m['ttft_p50_ms']:.0f}", f"{m['ttft_p99_ms']:.0f}", f"{m['prefix_hit_rate']:.1%}")
+    console.print(table)
+    console.print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    app()
