@@ -87,13 +87,26 @@ def serve(
             raise typer.Exit(code=2) from None
 
     if replicas > 1:
+        from headroom.gateway.app import gateway_setup as router_gateway
         from headroom.router import cli as router_cli
         from headroom.router.config import ProxyConfig
         from headroom.router.replicas import ReplicaManagerConfig
 
+        err = Console(stderr=True, soft_wrap=True)
+        if tls_certfile is not None or tls_keyfile is not None:
+            err.print("[bold red]error:[/] TLS with --replicas is not supported yet: terminate TLS in front of the "
+                      "router (Envoy, nginx), or run one replica without --replicas")
+            raise typer.Exit(code=2)
+        try:  # the gateway (keys, tenant buckets, input limits) runs once, at the router, for the whole fleet
+            gateway = router_gateway(api_keys_file, int(max_body_mb * 1024 * 1024), rate_limit_rps, rate_limit_burst,
+                                     llm_tokens_per_s, llm_token_burst, cors_origin, body_timeout_s,
+                                     headers_timeout_s=headers_timeout_s)
+        except ValueError as exc:
+            err.print(f"[bold red]error:[/] {exc}")
+            raise typer.Exit(code=2) from None
         command = router_cli.serve_command(model_repository, model, drain_timeout_s)
         uvloop.run(router_cli.run_cluster(command, replicas, ProxyConfig(), ReplicaManagerConfig(), host, http_port,
-                                          grpc_port=grpc_port))
+                                          grpc_port=grpc_port, gateway=gateway))
         return
 
     from headroom.gateway.app import exposure_warning, gateway_setup

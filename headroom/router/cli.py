@@ -19,15 +19,21 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+import grpc
 import typer
 import uvicorn
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 from rich.console import Console
+from starlette.types import ASGIApp
 
 from headroom.autoscaler.controller import AutoscalerController, router_sampler
 from headroom.autoscaler.policy import AutoscalerConfig
 from headroom.core.clock import MonotonicClock
+from headroom.gateway.app import GatewaySetup, gateway_setup, wrap_app
+from headroom.gateway.grpc_auth import GatewayInterceptor
+from headroom.gateway.ratelimit import RateLimiter
+from headroom.gateway.slow_headers import header_deadline_protocol
 from headroom.gateway.span_export import file_tracer_provider
 from headroom.router.grpc_proxy import GrpcProxy
 from headroom.router.policies import POLICIES
@@ -94,18 +100,37 @@ def describe_cold_start(cs: ColdStartTiming) -> str:
             f"ready {cs.ready_s:.2f} s")
 
 
+def gateway_front(router: Router, gateway: GatewaySetup | None, tracer_provider: TracerProvider | None,
+                  registry: CollectorRegistry | None,
+                  ) -> tuple[ASGIApp, list[grpc.aio.ServerInterceptor], type[asyncio.Protocol] | str]:
+    """The router's HTTP app, gRPC interceptors and uvicorn protocol with the gateway in front (API keys,
+    tenant buckets, input limits, slow-client deadlines), exactly as `headroom serve` applies it; the router
+    is where a fleet's limits must live (per-replica buckets would multiply them by N)."""
+    if gateway is None:
+        return router.app, [], "auto"
+    limiter = RateLimiter(gateway.config.rate_limits, gateway.config.tenant_rate_limits)
+    clock = MonotonicClock()
+    app = wrap_app(router.app, gateway, clock, tracer_provider, registry, limiter)
+    interceptor = GatewayInterceptor(gateway.keys, limiter if limiter.enabled else None, clock)
+    timeout_s = gateway.config.limits.headers_timeout_s
+    return app, [interceptor], header_deadline_protocol(timeout_s) if timeout_s > 0 else "auto"
+
+
 async def run_fleet(make_fleet: FleetFactory, replicas: int, proxy: ProxyConfig, host: str, port: int,
                     autoscale: AutoscalerConfig | None = None, console: Console | None = None,
                     stop: asyncio.Event | None = None, grpc_port: int = -1,
                     registry: CollectorRegistry | None = None,
-                    tracer_provider: TracerProvider | None = None) -> ReplicaFleet:
+                    tracer_provider: TracerProvider | None = None,
+                    gateway: GatewaySetup | None = None) -> ReplicaFleet:
     """Serve the router on host:port (and gRPC on `grpc_port` unless -1) in front of the fleet `make_fleet`
     builds, until SIGINT/SIGTERM or `stop`; then drain every replica and return the fleet."""
     console = console or Console(stderr=True)
     router = Router([], proxy, tracer_provider=tracer_provider)
     fleet = make_fleet(router.set_upstreams)
-    grpc_proxy = GrpcProxy(router) if grpc_port >= 0 else None
-    server = DrainFirstServer(uvicorn.Config(router.app, host=host, port=port, log_level="warning", lifespan="on"))
+    app, interceptors, protocol = gateway_front(router, gateway, tracer_provider, registry)
+    grpc_proxy = GrpcProxy(router, interceptors) if grpc_port >= 0 else None
+    server = DrainFirstServer(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
+                                             http=protocol))
     tasks: list[asyncio.Task[None]] = []
 
     async def bring_up() -> None:
@@ -149,7 +174,8 @@ async def run_cluster(command: CommandFactory, replicas: int, proxy: ProxyConfig
                       host: str, port: int, autoscale: AutoscalerConfig | None = None,
                       console: Console | None = None, stop: asyncio.Event | None = None,
                       grpc_port: int = -1,
-                      tracer_provider: TracerProvider | None = None) -> LocalReplicaManager:
+                      tracer_provider: TracerProvider | None = None,
+                      gateway: GatewaySetup | None = None) -> LocalReplicaManager:
     """`run_fleet` with local replica processes."""
     manager_cfg = dataclasses.replace(manager_cfg, grpc=grpc_port >= 0)
     managers: list[LocalReplicaManager] = []
@@ -159,7 +185,7 @@ async def run_cluster(command: CommandFactory, replicas: int, proxy: ProxyConfig
         return managers[0]
 
     await run_fleet(make, replicas, proxy, host, port, autoscale, console, stop, grpc_port,
-                    tracer_provider=tracer_provider)
+                    tracer_provider=tracer_provider, gateway=gateway)
     return managers[0]
 
 
@@ -217,6 +243,16 @@ def route(
                                               "node's IP as Ray reports it (127.0.0.1 on a local cluster)."),
     trace_spans_file: Path = typer.Option(None, help="Write the router's OpenTelemetry spans here as JSON lines "
                                                      "(a `router` span per request, parent of the replica's)."),
+    api_keys_file: Path = typer.Option(None, help="Turn on API-key auth at the router with this keys file "
+                                       "(`headroom keys create`); HTTP and gRPC."),
+    rate_limit_rps: float = typer.Option(0.0, help="Per-tenant requests per second for the whole fleet "
+                                                   "(0 = unlimited); 429 + Retry-After beyond."),
+    rate_limit_burst: float = typer.Option(0.0, help="Per-tenant request burst (0 = one second's worth)."),
+    llm_tokens_per_s: float = typer.Option(0.0, help="Per-tenant LLM tokens per second (0 = unlimited; charged "
+                                                     "prompt + max_tokens at the router)."),
+    llm_token_burst: float = typer.Option(0.0, help="Per-tenant LLM token burst."),
+    headers_timeout_s: float = typer.Option(10.0, min=0.0, help="Request line + headers must arrive within this "
+                                                                "(slowloris: 408 + close; 0 = no deadline)."),
 ) -> None:
     """Run a router in front of N replicas (local processes or Ray actors): routing policies, health checks
     and outlier ejection, retries of never-started requests under a budget, optional hedging, load shedding,
@@ -236,12 +272,19 @@ def route(
     except ValueError as exc:
         raise _fail(err, str(exc)) from None
     proxy = ProxyConfig(policy=policy, hedging=hedging, shedding=shedding)
+    try:
+        gateway = gateway_setup(api_keys_file, rate_limit_rps=rate_limit_rps, rate_limit_burst=rate_limit_burst,
+                                llm_tokens_per_s=llm_tokens_per_s, llm_token_burst=llm_token_burst,
+                                headers_timeout_s=headers_timeout_s)
+    except ValueError as exc:
+        raise _fail(err, str(exc)) from None
     tracer = file_tracer_provider(trace_spans_file) if trace_spans_file is not None else None
     if backend == "local":
         manager_cfg = ReplicaManagerConfig(host="127.0.0.1", capacity=replica_capacity,
                                            drain_timeout_s=drain_timeout_s + 5.0)
         asyncio.run(run_cluster(serve_command(model_repository, model, drain_timeout_s), replicas, proxy,
-                                manager_cfg, host, port, scaler, grpc_port=grpc_port, tracer_provider=tracer))
+                                manager_cfg, host, port, scaler, grpc_port=grpc_port, tracer_provider=tracer,
+                                gateway=gateway))
         return
     try:
         with err.status("connecting to Ray..." if ray_address else "starting a local Ray cluster..."):
@@ -251,6 +294,7 @@ def route(
     command = ray_serve_command(model_repository.resolve(), model, drain_timeout_s)
     try:
         asyncio.run(run_fleet(lambda on_change: RayReplicaManager(command, ray_cfg, on_change), replicas, proxy,
-                              host, port, scaler, console=err, grpc_port=grpc_port, tracer_provider=tracer))
+                              host, port, scaler, console=err, grpc_port=grpc_port, tracer_provider=tracer,
+                                gateway=gateway))
     finally:
         shutdown_ray()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -39,8 +39,9 @@ def _never_started(err: grpc.aio.AioRpcError) -> bool:
 class GrpcProxy:
     """gRPC front end sharing a `Router`'s replica table and policies; one channel per replica."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> None:
         self.router = router
+        self.interceptors = tuple(interceptors)  # e.g. the gateway's keys and buckets, run before proxying
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._server: grpc.aio.Server | None = None
 
@@ -156,7 +157,7 @@ class GrpcProxy:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0 = any free port); returns the bound port."""
-        self._server = grpc.aio.server()
+        self._server = grpc.aio.server(interceptors=list(self.interceptors))
         self._server.add_generic_rpc_handlers((self.handler(),))
         bound = self._server.add_insecure_port(f"{host}:{port}")
         await self._server.start()
