@@ -104,7 +104,13 @@ def serve(
         except ValueError as exc:
             err.print(f"[bold red]error:[/] {exc}")
             raise typer.Exit(code=2) from None
-        command = router_cli.serve_command(model_repository, model, drain_timeout_s)
+        per_replica = ["--drift-threshold-psi", str(drift_threshold_psi), "--drift-sample-every",
+                       str(drift_sample_every)]
+        if model_memory_budget_mb > 0:
+            per_replica += ["--model-memory-budget-mb", str(model_memory_budget_mb)]
+        if precomputed is not None:
+            per_replica += ["--precomputed", str(precomputed.resolve())]
+        command = router_cli.serve_command(model_repository, model, drain_timeout_s, per_replica)
         uvloop.run(router_cli.run_cluster(command, replicas, ProxyConfig(), ReplicaManagerConfig(), host, http_port,
                                           grpc_port=grpc_port, gateway=gateway))
         return

@@ -7,6 +7,7 @@
       compile_mode: default            # default | reduce-overhead | max-autotune-no-cudagraphs | max-autotune
       compile_dynamic: true            # symbolic batch/sequence sizes: no recompilation per batch size
       compile_cache: true              # keep the compiled artifacts under cache_dir; a restart reuses them
+      precision: fp32                  # fp32 | bf16 (weights and activations in bfloat16, outputs back in fp32)
       # onnxruntime backend
       graph_optimization_level: all    # disable | basic | extended | all
       inter_op_threads: 1              # threads across independent operators (0 = onnxruntime decides)
@@ -29,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 TORCH_MODES = ("eager", "compile")
+TORCH_PRECISIONS = ("fp32", "bf16")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 GRAPH_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
-TORCH_KEYS = ("mode", "compile_backend", "compile_mode", "compile_dynamic", "compile_cache")
+TORCH_KEYS = ("mode", "compile_backend", "compile_mode", "compile_dynamic", "compile_cache", "precision")
 ONNX_KEYS = ("graph_optimization_level", "inter_op_threads", "execution_provider", "optimized_model_cache")
 SHARED_KEYS = ("intra_op_threads", "cache_dir")
 
@@ -46,6 +48,7 @@ class RuntimeConfig:
     compile_mode: str = "default"  # torch.compile mode
     compile_dynamic: bool = True  # torch.compile(dynamic=...): one graph for every batch size >= 2
     compile_cache: bool = True  # torch: persist compiled artifacts under cache_dir and reuse them
+    precision: str = "fp32"  # torch: fp32 | bf16 (module and float inputs cast; float outputs back to fp32)
     graph_optimization_level: str | None = None  # onnxruntime; None = parameters' value or "all"
     intra_op_threads: int | None = None  # onnxruntime intra-op / torch threads; None = parameters' or default
     inter_op_threads: int | None = None  # onnxruntime inter-op threads; None = parameters' value or 0
@@ -115,6 +118,7 @@ def parse_runtime(raw: Any, backend: str, where: str) -> RuntimeConfig:
         compile_mode=_choice(raw, "compile_mode", COMPILE_MODES, "default", where),
         compile_dynamic=_bool(raw, "compile_dynamic", True, where),
         compile_cache=_bool(raw, "compile_cache", True, where),
+        precision=_choice(raw, "precision", TORCH_PRECISIONS, "fp32", where),
         graph_optimization_level=_choice(raw, "graph_optimization_level", GRAPH_OPTIMIZATION_LEVELS, None, where),
         intra_op_threads=_threads(raw, "intra_op_threads", where),
         inter_op_threads=_threads(raw, "inter_op_threads", where),

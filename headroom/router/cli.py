@@ -78,8 +78,10 @@ class DrainFirstServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def serve_command(model_repository: Path, models: Sequence[str], drain_timeout_s: float) -> CommandFactory:
-    """argv for one `headroom serve` replica on the given HTTP and gRPC ports (gRPC -1 = off)."""
+def serve_command(model_repository: Path, models: Sequence[str], drain_timeout_s: float,
+                  extra_args: Sequence[str] = ()) -> CommandFactory:
+    """argv for one `headroom serve` replica on the given HTTP and gRPC ports (gRPC -1 = off); `extra_args`
+    are passed to every replica (e.g. the memory budget and drift flags of `serve --replicas`)."""
     def command(port: int, grpc_port: int) -> Sequence[str]:
         argv = [sys.executable, "-m", "headroom.cli.main", "serve", "--http-port", str(port), "--grpc-port",
                 str(grpc_port),
@@ -87,7 +89,7 @@ def serve_command(model_repository: Path, models: Sequence[str], drain_timeout_s
                 "--no-access-log"]
         for m in models:
             argv += ["--model", m]
-        return argv
+        return [*argv, *extra_args]
     return command
 
 

@@ -144,6 +144,7 @@ DIGITS_TORCH_PARAMS = (
         ("torch", "{mode: jit}", r"runtime.mode: 'jit' is not one of eager, compile"),
         ("torch", "{compile_backend: tvm}", r"compile_backend: 'tvm' is not one of"),
         ("torch", "{compile_dynamic: 'yes'}", r"compile_dynamic: expected true or false"),
+        ("torch", "{precision: fp16}", r"precision: 'fp16' is not one of fp32, bf16"),
         ("torch", "{graph_optimization_level: all}", r"only apply to the onnxruntime backend.*'torch'"),
         ("onnxruntime", "{mode: compile}", r"only apply to the torch backend.*'onnxruntime'"),
         ("onnxruntime", "{graph_optimization_level: max}", r"'max' is not one of disable, basic, extended, all"),
@@ -214,6 +215,24 @@ def test_digits_under_torch_runtime_classifies_like_onnx(digits_repo: Path, writ
     expected = run_pipeline(onnx.model, {"input": images})["probabilities"]
     got = run_pipeline(torch_model.model, {"input": images})["probabilities"]
     np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_digits_served_in_bf16_keeps_its_held_out_accuracy(digits_repo: Path, write_model: ModelWriter) -> None:
+    """`runtime: {precision: bf16}`: weights and inputs in bfloat16, probabilities back as float32; the
+    accuracy on held-out digits stays within the gate's 1% of fp32 while the outputs are not bit-identical."""
+    from headroom.models.builtin.digits_build import DigitsTrainingConfig, held_out_split
+    from headroom.models.warmup import run_pipeline
+
+    for name, runtime in (("fp32", ""), ("bf16", "runtime: {precision: bf16}\n")):
+        copy_artifact(digits_repo, write_model, name, "backend: torch\n" + IO + runtime + DIGITS_TORCH_PARAMS,
+                      "model.safetensors")
+    _, _, x_test, y_test = held_out_split(DigitsTrainingConfig())
+    probs = {name: run_pipeline(load_one(write_model.root, name).model, {"input": x_test[:, None]})["probabilities"]
+             for name in ("fp32", "bf16")}
+    assert probs["bf16"].dtype == np.float32
+    assert not np.array_equal(probs["bf16"], probs["fp32"])  # it really ran in bfloat16
+    accuracy = {name: float((p.argmax(axis=1) == y_test).mean()) for name, p in probs.items()}
+    assert accuracy["fp32"] >= 0.95 and accuracy["bf16"] >= accuracy["fp32"] - 0.01, accuracy
 
 
 def test_torch_compile_gives_eager_outputs_and_compiles_at_load(

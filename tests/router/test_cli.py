@@ -39,6 +39,8 @@ def test_serve_command_builds_a_headroom_serve_argv() -> None:
     assert argv[1:5] == ["-m", "headroom.cli.main", "serve", "--http-port"] and "8123" in argv
     assert argv[argv.index("--grpc-port") + 1] == "8124"
     assert argv[-2:] == ["--model", "noop"]
+    budget = list(serve_command(Path("models"), ["noop"], 5.0, ["--model-memory-budget-mb", "64"])(8123, -1))
+    assert budget[-2:] == ["--model-memory-budget-mb", "64"]  # serve --replicas passes these to every replica
 
 
 async def test_run_cluster_serves_through_the_router_and_drains_on_stop() -> None:

@@ -85,6 +85,8 @@ class TorchModel(Model):
         where = f"model {self.config.name!r} ({ctx.version_dir})"
         if runtime.intra_op_threads:
             torch.set_num_threads(runtime.intra_op_threads)
+        if runtime.precision == "bf16":
+            module = module.to(torch.bfloat16)
         if runtime.mode != "compile":
             return module
         compiled = compile_module(module, runtime, where)
@@ -177,12 +179,16 @@ class TorchModel(Model):
         if self.module is None:
             raise RuntimeError(f"model {self.config.name!r} used before load()")
         args = [torch.from_numpy(np.ascontiguousarray(batch[spec.name])) for spec in self.config.inputs]
+        if self.config.runtime.precision == "bf16":  # float inputs follow the module; outputs leave as fp32
+            args = [a.to(torch.bfloat16) if a.is_floating_point() else a for a in args]
         with torch.inference_mode():
             result = self.module(*args)
         return self._outputs(result)
 
     def _outputs(self, result: Any) -> dict[str, np.ndarray]:
         names = [spec.name for spec in self.config.outputs]
+        if self.config.runtime.precision == "bf16":
+            result = _to_fp32(result)
         if isinstance(result, torch.Tensor):
             return {names[0]: result.numpy()}
         if isinstance(result, Mapping):
@@ -193,3 +199,14 @@ class TorchModel(Model):
 
     def unload(self) -> None:
         self.module = None
+
+
+def _to_fp32(result: Any) -> Any:
+    """bfloat16 tensors (alone, in a mapping or a sequence) back to float32: numpy has no bfloat16."""
+    if isinstance(result, torch.Tensor):
+        return result.float() if result.dtype == torch.bfloat16 else result
+    if isinstance(result, Mapping):
+        return {k: _to_fp32(v) for k, v in result.items()}
+    if isinstance(result, tuple | list):
+        return [_to_fp32(v) for v in result]
+    return result
