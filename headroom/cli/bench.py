@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -18,7 +17,56 @@ from rich.markup import escape
 from rich.text import Text
 from typer.core import TyperGroup
 
-from headroom.loadgen.arrivals import ARRIVAL_KINDS
+from headroom.cli.bench_options import (
+    Arrival,
+    Concurrency,
+    Confidence,
+    Cpus,
+    Cv,
+    DatasetPath,
+    Duration,
+    EndRate,
+    HtmlOut,
+    HttpClientOpt,
+    IgnoreEos,
+    InputLen,
+    InputLenStd,
+    InputName,
+    JsonOut,
+    Label,
+    LateMs,
+    MaxConn,
+    MaxTokens,
+    MetricsUrl,
+    Model,
+    NoStream,
+    NumQueries,
+    NumSamples,
+    OffRate,
+    OffS,
+    OnS,
+    OutputLen,
+    OutputLenStd,
+    PrefixWords,
+    Protocol,
+    Quiet,
+    Rate,
+    Rates,
+    Scenario,
+    ScrapeS,
+    Seed,
+    SloE2e,
+    SloP99,
+    SloTpot,
+    SloTtft,
+    StepS,
+    TextShape,
+    TimeoutS,
+    Trace,
+    Url,
+    Warmup,
+    Workload,
+)
 from headroom.loadgen.clients import PROTOCOLS
 from headroom.loadgen.console import (
     STDERR,
@@ -31,8 +79,7 @@ from headroom.loadgen.console import (
 )
 from headroom.loadgen.runner import BenchConfig, RunOutcome, run_bench, sweep_peak_rate
 from headroom.loadgen.scenarios import SCENARIOS
-from headroom.loadgen.workloads import WORKLOADS
-from headroom.profiling.affinity import parse_cpus
+from headroom.profiling.affinity import pin_process
 
 if TYPE_CHECKING:
     from typer._click.core import Context
@@ -63,69 +110,14 @@ app = typer.Typer(
 )
 console = STDERR
 
-Url = Annotated[
-    str,
-    typer.Argument(
-        metavar="URL",
-        help="Server base URL (http://127.0.0.1:8000); host:port for v2-grpc; "
-        "for --protocol image the full route (http://host:port/v2/models/digits/classify).",
-    ),
-]
-Model = Annotated[str, typer.Option("--model", "-m", help="Model name (V2 route and OpenAI `model` field).")]
-Protocol = Annotated[str, typer.Option("--protocol", "-p", help="One of: " + ", ".join(PROTOCOLS) + ".")]
-Scenario = Annotated[
-    str,
-    typer.Option(
-        "--scenario",
-        "-s",
-        help=(
-            "server: open loop at --rate, VALID if p99 <= --slo-p99-ms with 99% confidence (>= 459 queries); offline: "
-            "rate*duration queries all at t=0, metric throughput; single-stream: one at a time, metric p90; "
-            "multi-stream: 8-sample queries one at a time, metric p99."
-        ),
-    ),
-]
-Arrival = Annotated[
-    str,
-    typer.Option(
-        "--arrival",
-        "-a",
-        help="Open-loop arrivals: "
-        + ", ".join(ARRIVAL_KINDS)
-        + ". gamma uses --cv; on_off --on-s/--off-s/--off-rate; ramp "
-        "--end-rate; steps --rates/--step-s; trace --trace.",
-    ),
-]
-Rate = Annotated[float, typer.Option("--rate", "-r", help="Mean arrival rate (requests/s).")]
-Duration = Annotated[float, typer.Option("--duration", "-d", help="Seconds of load (schedule length).")]
-SloP99 = Annotated[float, typer.Option("--slo-p99-ms", help="p99 latency bound (ms): decides VALID and goodput.")]
-JsonOut = Annotated[
-    Path | None, typer.Option("--json", help="Write the full result (config, environment, measurements) here.")
-]
-HtmlOut = Annotated[
-    Path | None,
-    typer.Option(
-        "--html",
-        help="Write one self-contained interactive page (plotly, works offline) with every chart and the data.",
-    ),
-]
-
-
-def _parse_cpus(spec: str) -> set[int]:
-    try:
-        return set(parse_cpus(spec))
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-
 
 def _pin(cpus: str) -> None:
     if not cpus:
         return
-    wanted = _parse_cpus(cpus)
     try:
-        os.sched_setaffinity(0, wanted)
-    except (OSError, AttributeError) as exc:
-        raise typer.BadParameter(f"--cpus {cpus}: cannot pin to {sorted(wanted)} ({exc})") from None
+        pin_process(cpus)
+    except (ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _fail(message: str) -> typer.Exit:
@@ -139,75 +131,6 @@ async def _run_with_live(config: BenchConfig, quiet: bool) -> RunOutcome:
         return await run_bench(config)
     with Live(Text("starting..."), console=console, refresh_per_second=4, transient=False) as live:
         return await run_bench(config, on_progress=lambda s, t: live.update(progress_text(s, t, total_s)))
-
-
-# Options shared by `run` and `sweep` (kept as a dict of Typer parameters for both signatures).
-Concurrency = Annotated[
-    int,
-    typer.Option(
-        help="> 0: CLOSED loop with this many workers instead of a schedule (labelled closed-loop in every report)."
-    ),
-]
-NumQueries = Annotated[
-    int, typer.Option(help="Offline / closed loop: number of queries (0 = rate*duration / until --duration).")
-]
-Cv = Annotated[float, typer.Option(help="gamma: coefficient of variation of gaps (1 = Poisson, >1 bursty).")]
-OnS = Annotated[float, typer.Option(help="on_off: seconds per burst.")]
-OffS = Annotated[float, typer.Option(help="on_off: seconds per quiet phase.")]
-OffRate = Annotated[float, typer.Option(help="on_off: rate during quiet phases.")]
-EndRate = Annotated[float, typer.Option(help="ramp: final rate (starts at --rate).")]
-Rates = Annotated[str, typer.Option(help="steps: comma-separated rates, e.g. 10,50,100.")]
-StepS = Annotated[float, typer.Option(help="steps: seconds per step.")]
-Trace = Annotated[str, typer.Option(help="trace: CSV whose first column is send times in seconds.")]
-Workload = Annotated[
-    str,
-    typer.Option(
-        help="Dataset: " + ", ".join(WORKLOADS) + " (default by protocol: "
-        "digits for V2/image, chat for OpenAI chat/completions, sentences "
-        "for embeddings)."
-    ),
-]
-DatasetPath = Annotated[
-    str, typer.Option(help='JSONL file: {"text"|"prompt": ..., "max_tokens": n} or {"body": {...}} per line.')
-]
-NumSamples = Annotated[int, typer.Option(help="Distinct synthetic samples (cycled).")]
-InputLen = Annotated[int, typer.Option(help="chat: mean prompt length (words).")]
-InputLenStd = Annotated[int, typer.Option(help="chat: prompt length std (words).")]
-OutputLen = Annotated[int, typer.Option(help="chat/shared-prefix: mean max_tokens.")]
-OutputLenStd = Annotated[int, typer.Option(help="chat/shared-prefix: max_tokens std.")]
-PrefixWords = Annotated[int, typer.Option(help="shared-prefix: words in the shared prefix.")]
-SloE2e = Annotated[float, typer.Option(help="Per-request end-to-end bound (ms) for goodput (default: p99 bound).")]
-SloTtft = Annotated[float, typer.Option(help="Per-request TTFT bound (ms) for goodput.")]
-SloTpot = Annotated[float, typer.Option(help="Per-request TPOT bound (ms) for goodput.")]
-Seed = Annotated[int, typer.Option(help="Seeds the schedule and the dataset.")]
-TimeoutS = Annotated[float, typer.Option(help="Per-request timeout (s); counted as status 'timeout'.")]
-MaxConn = Annotated[int, typer.Option(help="Pooled connections (HTTP).")]
-InputName = Annotated[str, typer.Option(help="V2 input tensor name (default: input for images, text for text).")]
-TextShape = Annotated[
-    str,
-    typer.Option(
-        help="V2 shape of one text sample: 1,1 for a batching model whose input "
-        "is [1] per row (Triton style, the default), 1 for a non-batching model."
-    ),
-]
-NoStream = Annotated[bool, typer.Option(help="OpenAI: do not stream (no TTFT/TPOT/ITL).")]
-IgnoreEos = Annotated[bool, typer.Option(help="OpenAI: send ignore_eos (vLLM) so outputs have max_tokens tokens.")]
-MaxTokens = Annotated[int, typer.Option(help="OpenAI: max_tokens when the sample names none.")]
-MetricsUrl = Annotated[str, typer.Option(help="Prometheus endpoint to scrape ('' = URL/metrics, 'none' = off).")]
-ScrapeS = Annotated[float, typer.Option(help="Seconds between /metrics scrapes.")]
-Warmup = Annotated[int, typer.Option(help="Queries sent and discarded before measuring.")]
-Confidence = Annotated[float, typer.Option(help="Early-stopping confidence for VALID (0 = plain p99 check).")]
-LateMs = Annotated[float, typer.Option(help="A send more than this behind schedule counts as late.")]
-Label = Annotated[str, typer.Option(help="Name for this run in reports.")]
-Cpus = Annotated[str, typer.Option(help="Pin the generator to these CPUs (e.g. 0 or 0,1 or 2-3).")]
-Quiet = Annotated[bool, typer.Option(help="No live progress.")]
-HttpClientOpt = Annotated[
-    str,
-    typer.Option(
-        help="HTTP library: httpx (default) or aiohttp (about 5x less generator CPU per request: use it when the "
-        "report says the generator fell behind)."
-    ),
-]
 
 
 @app.command("run")

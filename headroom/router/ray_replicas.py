@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from headroom.router.replicas import ReplicaStartError, plan_scale
+from headroom.router.replicas import ReplicaStartError, ScalingFleet
 from headroom.router.upstream import Upstream
 
 log = logging.getLogger("headroom.ray_replicas")
@@ -211,7 +211,7 @@ class _RayReplica:
         self.target_role = role  # what it becomes once ready
 
 
-class RayReplicaManager:
+class RayReplicaManager(ScalingFleet[_RayReplica]):
     """Replicas as Ray actors (call `connect_ray` first). Methods must run on one event loop; `close()` drains
     every replica and kills its actor (the Ray cluster itself is left to `shutdown_ray`)."""
 
@@ -238,9 +238,6 @@ class RayReplicaManager:
         return tuple(Upstream(r.replica_id, f"http://{r.host}:{r.port}", self.config.capacity,
                               grpc_target=f"{r.host}:{r.grpc_port}" if r.grpc_port >= 0 else "")
                      for r in self._replicas.values() if r.role == "serving")
-
-    def warm(self) -> tuple[str, ...]:
-        return tuple(r.replica_id for r in self._replicas.values() if r.role == "warm")
 
     def pid(self, replica_id: str) -> int:
         """The replica process's pid on its node."""
@@ -270,36 +267,7 @@ class RayReplicaManager:
         """The last lines of the replica's stdout/stderr, read on its node through its actor."""
         return await self._log_tail(self._replicas[replica_id])
 
-    def _event(self, text: str) -> None:
-        log.info(text)
-        self.events.append(text)
-
-    def _changed(self) -> None:
-        if self.on_change is not None:
-            self.on_change(self.serving())
-
     # -------------------------------------------------------------------------------------- lifecycle
-
-    async def scale_to(self, replicas: int, warm_pool: int) -> None:
-        """Promote warm replicas first, start the rest, drain extras; returns when all of it is done."""
-        if replicas < 0 or warm_pool < 0:
-            raise ValueError("replicas and warm_pool must be >= 0")
-        async with self._lock:
-            plan = plan_scale([r.replica_id for r in self._replicas.values() if r.role == "serving"],
-                              [r.replica_id for r in self._replicas.values() if r.role == "warm"],
-                              replicas, warm_pool)
-            for rid in plan.promote:
-                r = self._replicas[rid]
-                r.role = r.target_role = "serving"
-                self._event(f"promoted warm replica {rid} to serving")
-            self._changed()
-            jobs: list[Coroutine[Any, Any, object]] = [self.start_replica("serving") for _ in range(plan.start_serving)]
-            jobs += [self.start_replica("warm") for _ in range(plan.start_warm)]
-            jobs += [self.drain(rid) for rid in plan.drain]
-            results = await asyncio.gather(*jobs, return_exceptions=True)
-        errors = [e for e in results if isinstance(e, BaseException)]
-        if errors:
-            raise errors[0]
 
     async def start_replica(self, role: str = "serving") -> str:
         """Create an actor, start its process, wait until ready, then give it `role` ("serving" or "warm")."""

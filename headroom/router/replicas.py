@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import httpx
 
@@ -147,36 +147,38 @@ class _Replica:
         self.target_role = role  # what it becomes once ready
 
 
-class LocalReplicaManager:
-    """Replicas as local subprocesses. Methods must run on one event loop; `close()` drains everything."""
+class _RoleRecord(Protocol):
+    replica_id: str
+    role: str  # starting | warm | serving | draining
+    target_role: str  # what it becomes once ready
 
-    def __init__(self, command: CommandFactory, config: ReplicaManagerConfig | None = None,
-                 on_change: Callable[[tuple[Upstream, ...]], None] | None = None) -> None:
-        self.command = command
-        self.config = config or ReplicaManagerConfig()
-        self.on_change = on_change
-        self.cold_starts: list[ColdStart] = []
-        self.events: list[str] = []
-        self._replicas: dict[str, _Replica] = {}
-        self._seq = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._closing = False
-        self._lock = asyncio.Lock()
-        self._log_dir = self.config.log_dir or Path(tempfile.mkdtemp(prefix="headroom-replicas-"))
 
-    # ---------------------------------------------------------------------------------------- queries
+R = TypeVar("R", bound=_RoleRecord)
+
+
+class ScalingFleet(Generic[R]):
+    """What local and Ray replica managers share: the warm pool and scaling mechanics around `plan_scale`.
+
+    Subclasses set `_replicas`, `_lock`, `events` and `on_change` in `__init__` and implement `serving`,
+    `start_replica` and `drain`.
+    """
+
+    _replicas: dict[str, R]
+    _lock: asyncio.Lock
+    events: list[str]  # human-readable scaling history (also logged)
+    on_change: Callable[[tuple[Upstream, ...]], None] | None  # the router's replica table setter
 
     def serving(self) -> tuple[Upstream, ...]:
-        host = self.config.host
-        return tuple(Upstream(r.replica_id, f"http://{host}:{r.port}", self.config.capacity,
-                              grpc_target=f"{host}:{r.grpc_port}" if r.grpc_port >= 0 else "")
-                     for r in self._replicas.values() if r.role == "serving")
+        raise NotImplementedError
+
+    async def start_replica(self, role: str = "serving") -> str:
+        raise NotImplementedError
+
+    async def drain(self, replica_id: str) -> None:
+        raise NotImplementedError
 
     def warm(self) -> tuple[str, ...]:
         return tuple(r.replica_id for r in self._replicas.values() if r.role == "warm")
-
-    def pid(self, replica_id: str) -> int:
-        return self._replicas[replica_id].proc.pid
 
     def _event(self, text: str) -> None:
         log.info(text)
@@ -208,6 +210,35 @@ class LocalReplicaManager:
         errors = [e for e in results if isinstance(e, BaseException)]
         if errors:
             raise errors[0]
+
+
+class LocalReplicaManager(ScalingFleet[_Replica]):
+    """Replicas as local subprocesses. Methods must run on one event loop; `close()` drains everything."""
+
+    def __init__(self, command: CommandFactory, config: ReplicaManagerConfig | None = None,
+                 on_change: Callable[[tuple[Upstream, ...]], None] | None = None) -> None:
+        self.command = command
+        self.config = config or ReplicaManagerConfig()
+        self.on_change = on_change
+        self.cold_starts: list[ColdStart] = []
+        self.events: list[str] = []
+        self._replicas: dict[str, _Replica] = {}
+        self._seq = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._lock = asyncio.Lock()
+        self._log_dir = self.config.log_dir or Path(tempfile.mkdtemp(prefix="headroom-replicas-"))
+
+    # ---------------------------------------------------------------------------------------- queries
+
+    def serving(self) -> tuple[Upstream, ...]:
+        host = self.config.host
+        return tuple(Upstream(r.replica_id, f"http://{host}:{r.port}", self.config.capacity,
+                              grpc_target=f"{host}:{r.grpc_port}" if r.grpc_port >= 0 else "")
+                     for r in self._replicas.values() if r.role == "serving")
+
+    def pid(self, replica_id: str) -> int:
+        return self._replicas[replica_id].proc.pid
 
     async def start_replica(self, role: str = "serving") -> str:
         """Spawn one replica, wait until it is ready, then give it `role` ("serving" or "warm")."""
