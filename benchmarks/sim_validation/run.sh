@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `headroom sim --validate` on this machine: the simulator against the real server (docs/sim.md, last section).
-# Usage: benchmarks/sim_validation/run.sh [MODEL] [SECONDS_PER_LOAD] [more `headroom sim` options]
+# Usage: [TAG=name] benchmarks/sim_validation/run.sh [MODEL] [SECONDS_PER_LOAD] [more `headroom sim` options]
+#   e.g. TAG=pinned benchmarks/sim_validation/run.sh minilm 30 --server-cpus 1 --generator-cpus 0
 #   defaults: sleep 30. MODEL `sleep` lives in benchmarks/sim_validation/models (CPU-free compute: isolates the
 #   queueing and batching the simulator models); other names come from ./models (minilm, digits, noop).
-# Writes benchmarks/results/sim_validation_<date>_<MODEL>.json and prints the comparison table.
+# Writes benchmarks/results/sim_validation_<date>_<MODEL>[_<TAG>].json and prints the comparison table.
 # Quiet the machine first: other processes on the cores add latency the simulator does not model
 # (the load average is recorded in the JSON as environment.load_average).
 set -euo pipefail
@@ -13,7 +14,7 @@ seconds="${2:-30}"
 shift $(( $# < 2 ? $# : 2 ))
 repo="models"
 if [ -d "benchmarks/sim_validation/models/$model" ]; then repo="benchmarks/sim_validation/models"; fi
-out="benchmarks/results/sim_validation_$(date -u +%Y-%m-%d)_${model}.json"
+out="benchmarks/results/sim_validation_$(date -u +%Y-%m-%d)_${model}${TAG:+_$TAG}.json"
 uptime
 status=0
 .venv/bin/python -m headroom.cli.main sim --validate --model "$model" --model-repository "$repo" \

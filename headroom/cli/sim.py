@@ -8,7 +8,7 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
 import typer
@@ -96,6 +96,9 @@ def sim(
     distribution: Annotated[str, typer.Option(help="Without --profile: deterministic | exponential | "
                                               "lognormal.")] = "deterministic",
     service_cv: Annotated[float, typer.Option(help="lognormal: coefficient of variation.")] = 0.0,
+    host_cpu_ms: Annotated[float, typer.Option(help="Host CPU (ms) each arrival takes from the model's cores: "
+                                               "HTTP, JSON, preprocessing on the same cores stretch every batch "
+                                               "(docs/sim.md, host CPU sharing). 0 = a dedicated core.")] = 0.0,
     shared_queue: Annotated[bool, typer.Option(help="One queue for all replicas (M/M/c) instead of a "
                                                "router.")] = False,
     router: Annotated[str, typer.Option(help=" | ".join(ROUTERS))] = "round_robin",
@@ -112,9 +115,11 @@ def sim(
                                                   "('-' for stdout).")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write the coloured latency histogram PNG here.")] = None,
     validate: Annotated[bool, typer.Option("--validate", help="Check the simulator against the real server: "
-                                           "profile --model (or read --profile), start `headroom serve`, bench it "
-                                           "open-loop at --loads of the profile's capacity for --duration s each, "
-                                           "simulate the same schedule, compare p50/p99 (docs/sim.md).")] = False,
+                                           "profile --model (or read --profile), start `headroom serve`, calibrate "
+                                           "its per-request costs and host CPU, bench it open-loop at --loads of "
+                                           "the capacity that implies for --duration s each, simulate the same "
+                                           "schedule, compare p50/p99. On a small machine pin: --server-cpus 1 "
+                                           "--generator-cpus 0 (docs/sim.md).")] = False,
     model: Annotated[str, typer.Option(help="--validate: model to serve and bench (digits, minilm, noop).")] = "digits",
     model_repository: Annotated[Path, typer.Option(help="--validate: model repository.")] = Path("models"),
     loads: Annotated[str, typer.Option(help="--validate: fractions of capacity, comma-separated.")] = "0.3,0.5,0.7,0.9",
@@ -124,13 +129,28 @@ def sim(
                                           "(median measured) | empirical (measured draws).")] = "fixed",
     calibration_queries: Annotated[int, typer.Option(help="--validate: single-stream requests measuring the "
                                                      "overhead.")] = 200,
+    server_cpus: Annotated[str, typer.Option(help="--validate: pin the server AND the profiling to these CPUs "
+                                             "(taskset -c syntax: 1, 0-1); the model gets one intra-op thread per "
+                                             "CPU (see --model-threads). Empty = no pinning.")] = "",
+    generator_cpus: Annotated[str, typer.Option(help="--validate: pin the load generator to these CPUs, e.g. 0 "
+                                                "with --server-cpus 1, so it does not compete with the "
+                                                "server.")] = "",
+    model_threads: Annotated[int, typer.Option(help="--validate: intra-op threads for the profiled and served "
+                                               "model (onnxruntime/torch); 0 = one per --server-cpus CPU, or the "
+                                               "model's config when not pinned.")] = 0,
+    host_cpu: Annotated[bool, typer.Option("--host-cpu/--no-host-cpu", help="--validate: model the server's "
+                                           "per-request host CPU (measured at calibration) sharing the model's "
+                                           "cores, and take the load fractions of the capacity that implies "
+                                           "(docs/sim.md).")] = True,
 ) -> None:
     """Simulate one deployment and print P50/P95/P99, measured QPS, utilisation, queue, completed, rejected."""
     if ctx.invoked_subcommand is not None:
         return
     if validate:
         _validate(model, model_repository, profile, loads, capacity_per_s, duration, seed, overhead,
-                  calibration_queries, json_out)
+                  calibration_queries, json_out,
+                  {"server_cpus": server_cpus, "generator_cpus": generator_cpus, "model_threads": model_threads,
+                   "host_cpu": host_cpu})
         return
     try:
         prof = _profile(profile, service_ms, per_item_ms, distribution, service_cv)
@@ -144,7 +164,7 @@ def sim(
         cfg = SimConfig(replicas=replicas, batching=batching, policy=policy, shared_queue=shared_queue,
                         router=router, max_queue=max_queue, timeout_s=timeout_ms / 1e3 if timeout_ms > 0 else math.inf,
                         autoscale=scaler, autoscale_interval_s=autoscale_interval_s, cold_start_s=cold_start_s,
-                        warmup_s=warmup_s, seed=seed)
+                        warmup_s=warmup_s, host_cpu_per_request_s=host_cpu_ms / 1e3, seed=seed)
         spec = ArrivalSpec(kind=arrival, rate_per_s=rate, duration_s=duration, cv=arrival_cv,
                            end_rate_per_s=end_rate)
         arrivals = make_schedule(spec, np.random.default_rng(seed))
@@ -154,7 +174,8 @@ def sim(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     payload = {"config": {"rate_per_s": rate, "duration_s": duration, "arrival": arrival, "replicas": replicas,
-                          "batching": batching, "max_batch_size": max_batch_size, "profile": prof.name},
+                          "batching": batching, "max_batch_size": max_batch_size, "profile": prof.name,
+                          "host_cpu_ms": host_cpu_ms},
                "metrics": result.summary(),
                "replica_timeline": [list(p) for p in result.replica_timeline]}
     if json_out is not None and str(json_out) == "-":
@@ -170,7 +191,8 @@ def sim(
 
 
 def _validate(model: str, model_repository: Path, profile: str | None, loads: str, capacity_per_s: float,
-              duration: float, seed: int, overhead: str, calibration_queries: int, json_out: Path | None) -> None:
+              duration: float, seed: int, overhead: str, calibration_queries: int, json_out: Path | None,
+              pinning: dict[str, Any]) -> None:
     from headroom.sim.validate import ValidateConfig, report_table, run_validation
 
     console = Console(stderr=True)
@@ -178,7 +200,7 @@ def _validate(model: str, model_repository: Path, profile: str | None, loads: st
         fractions = tuple(float(x) for x in loads.split(",") if x.strip())
         cfg = ValidateConfig(model=model, model_repository=model_repository, profile_path=profile,
                              loads=fractions, capacity_per_s=capacity_per_s, duration_s=duration, seed=seed,
-                             overhead=overhead, calibration_queries=calibration_queries)
+                             overhead=overhead, calibration_queries=calibration_queries, **pinning)
         with console.status("validating ...") as status:
             def step(msg: str) -> None:
                 status.update(msg)

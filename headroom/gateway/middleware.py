@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,10 +93,20 @@ class GatewayConfig:
     llm_access_log: bool = True  # that line for the OpenAI generation routes even when access_log is off
 
 
+def exempt_matcher(exempt_paths: tuple[str, ...]) -> Callable[[str], bool]:
+    """`is_exempt` with the paths compiled once: an exact-path set and one prefix tuple (per-request cheap)."""
+    exact = frozenset(p.rstrip("/") for p in exempt_paths)
+    prefixes = tuple(p if p.endswith("/") else p + "/" for p in exempt_paths)
+
+    def matches(path: str) -> bool:
+        return path in exact or path.startswith(prefixes)
+
+    return matches
+
+
 def is_exempt(path: str, exempt_paths: tuple[str, ...]) -> bool:
     """`/metrics` exempts exactly that path (and below it); `/v2/health/` everything below it."""
-    prefixes = (p if p.endswith("/") else p + "/" for p in exempt_paths)
-    return any(path == p.rstrip("/") for p in exempt_paths) or any(path.startswith(p) for p in prefixes)
+    return exempt_matcher(exempt_paths)(path)
 
 
 class _ClientGone(Exception):
@@ -137,6 +147,7 @@ class GatewayMiddleware:
             else None
         )
         self._admin = compile_paths(config.admin_paths)
+        self._is_exempt = exempt_matcher(config.exempt_paths)  # compiled once, not per request
         self._keys_checked_s = self.clock.now_s()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -147,7 +158,7 @@ class GatewayMiddleware:
         path: str = scope["path"]
         headers: list[tuple[bytes, bytes]] = list(scope["headers"])
         raw_id = header_value(headers, b"x-request-id")
-        request_id = raw_id.decode("latin-1")[:128] if raw_id else uuid.uuid4().hex[:16]
+        request_id = raw_id.decode("latin-1")[:128] if raw_id else os.urandom(8).hex()
         if raw_id is None:
             headers.append((b"x-request-id", request_id.encode()))
         tenant, key_id = self.config.anonymous_tenant, ""
@@ -176,7 +187,7 @@ class GatewayMiddleware:
             try:
                 check_headers(headers, self.config.limits)
                 check_model_path(scope.get("raw_path") or path.encode("utf-8"))
-                exempt = is_exempt(path, self.config.exempt_paths)
+                exempt = self._is_exempt(path)
                 principal = None if exempt else self._authenticate(headers, path)
                 if principal is not None:
                     tenant, key_id = principal.tenant, principal.key_id

@@ -77,10 +77,19 @@ class EngineConfig:
     max_model_len: int = 0  # context limit in tokens; 0 = the model's max_position_embeddings
     device: str = "cpu"  # "cpu" | "cuda" | "auto" (cuda when available)
     dtype: str = "auto"  # "auto" (fp32 on cpu, bf16 on cuda) | "float32" | "bfloat16" | "float16"
-    num_threads: int = 0  # torch intra-op threads on CPU; 0 = auto (1 on a <= 2-CPU machine, else torch's default)
-    weight_dtype: str = "auto"  # "auto" (= dtype) | "int8" (CPU fp32 only: FBGEMM dynamic-int8 linears)
+    # torch intra-op threads on CPU; 0 = auto: on <= 2 CPUs chosen per step by measuring (headroom.llm.threads),
+    # else torch's default
+    num_threads: int = 0
+    # auto threads on <= 2 CPUs, before anything is measured: steps of at least this many tokens (a full decode
+    # batch, prefill chunks) start on every CPU, smaller ones on 1 thread
+    wide_step_min_tokens: int = 32
+    # "auto" (= dtype) | "int8" (CPU fp32 only: FBGEMM dynamic-int8 linears) | "int8_on_cpu" (int8 when the
+    # model runs on CPU, dtype on a GPU: what models/smollm2/config.yaml serves)
+    weight_dtype: str = "auto"
     swap_space_mb: float = 0.0  # host memory for swap preemption; 0 = preempt by recompute only
     speculative_ngram_tokens: int = 0  # prompt-lookup speculative decoding: draft length; 0 = off
+    speculative_draft_model: str = ""  # draft-model speculation: a .gguf, HF directory or package: ("" = off)
+    speculative_draft_tokens: int = 4  # draft length (tokens per step) with a draft model
     retry_after_s: float = 1.0  # Retry-After hint when the waiting queue is full
     request_timeout_s: float = 0.0  # OpenAI requests running longer are aborted with 504; 0 = no deadline
     seed: int = 0  # seed for requests that name none (sampling stays reproducible per engine)
@@ -99,12 +108,24 @@ class EngineConfig:
             raise ValueError(f"device {self.device!r}: use cpu, cuda or auto")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: use auto, float32, bfloat16 or float16")
-        if self.weight_dtype not in ("auto", "int8"):
-            raise ValueError(f"weight_dtype {self.weight_dtype!r}: use auto (weights in dtype) or int8 (CPU only)")
+        if self.weight_dtype not in ("auto", "int8", "int8_on_cpu"):
+            raise ValueError(
+                f"weight_dtype {self.weight_dtype!r}: use auto (weights in dtype), int8 (CPU only) or int8_on_cpu "
+                "(int8 on CPU, dtype on a GPU)"
+            )
+        if self.wide_step_min_tokens < 1:
+            raise ValueError("wide_step_min_tokens must be >= 1 (32 is usual)")
         if self.swap_space_mb < 0:
             raise ValueError("swap_space_mb must be >= 0 (0 = recompute only)")
         if self.speculative_ngram_tokens < 0:
             raise ValueError("speculative_ngram_tokens must be >= 0")
+        if self.speculative_draft_tokens < 1:
+            raise ValueError("speculative_draft_tokens must be >= 1 (4 is usual); unset speculative_draft_model")
+        if self.speculative_draft_model and self.speculative_ngram_tokens:
+            raise ValueError(
+                "speculative_draft_model and speculative_ngram_tokens are mutually exclusive: "
+                "set speculative_ngram_tokens: 0 to use the draft model, or drop speculative_draft_model"
+            )
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, Any]) -> EngineConfig:

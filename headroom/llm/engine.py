@@ -28,7 +28,7 @@ from headroom.llm.request import (
 from headroom.llm.runner import BatchItem, ModelBatch, Runner
 from headroom.llm.sampler import sample
 from headroom.llm.scheduler import Scheduler, SchedulerLimits
-from headroom.llm.spec_decode import verify_greedy
+from headroom.llm.spec_decode import DraftProposer, verify_greedy
 from headroom.llm.stopping import check_stop
 from headroom.llm.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -71,8 +71,14 @@ class LLMEngine:
         tokenizer: Tokenizer | None = None,
         clock: Clock | None = None,
         observer: EngineObserver | None = None,
+        proposer: DraftProposer | None = None,
     ) -> None:
         config.validate()
+        if config.speculative_draft_model and proposer is None:
+            raise ValueError(
+                "speculative_draft_model is set but no draft proposer was given; load the engine with "
+                "offline.load_engine (it loads the draft) or pass proposer=DraftModelProposer(...)"
+            )
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
@@ -85,11 +91,13 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             enable_chunked_prefill=config.enable_chunked_prefill,
             max_waiting=config.max_waiting_requests,
-            num_speculative_tokens=config.speculative_ngram_tokens,
+            num_speculative_tokens=(
+                config.speculative_draft_tokens if proposer is not None else config.speculative_ngram_tokens
+            ),
             max_model_len=self.max_model_len,
             swap_space_blocks=int(config.swap_space_mb * 2**20 // max(1, runner.kv_bytes_per_block)),
         )
-        self.scheduler = Scheduler(limits, self.kv)
+        self.scheduler = Scheduler(limits, self.kv, proposer)
         self._rng = random.Random(config.seed)
         self._seq_no = 0
         self._children: dict[str, list[str]] = {}

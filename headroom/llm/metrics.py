@@ -17,7 +17,7 @@ Naming: vLLM's metric names and meanings with the `vllm:` prefix replaced by `he
     headroom_llm_prompt_tokens_total                  counter    prompt tokens of requests that started
     headroom_llm_generation_tokens_total              counter    output tokens generated
     headroom_llm_request_success_total{finished_reason} counter  finished requests (stop | length | abort)
-    headroom_llm_spec_decode_num_draft_tokens_total    counter    speculative (prompt-lookup) tokens proposed
+    headroom_llm_spec_decode_num_draft_tokens_total    counter    speculative tokens proposed (n-gram or draft model)
     headroom_llm_spec_decode_num_accepted_tokens_total counter    of those, accepted (rate = accepted / draft)
     headroom_llm_cold_start_seconds{stage}            gauge      time of each cold-start stage
 """

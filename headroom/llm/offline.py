@@ -16,6 +16,7 @@ from headroom.llm.engine import EngineObserver, LLMEngine
 from headroom.llm.model import build_model
 from headroom.llm.request import SamplingParams, SequenceOutput
 from headroom.llm.runner import TorchRunner, prepare_model, resolve_device
+from headroom.llm.spec_decode import DraftProposer
 from headroom.llm.tokenizer import Tokenizer
 from headroom.llm.weights import load_checkpoint
 
@@ -57,7 +58,12 @@ def load_engine(
     start = time.monotonic()
     runner = TorchRunner(net, cfg)
     stages["allocate_kv_cache"] = time.monotonic() - start
-    engine = LLMEngine(runner, cfg, ckpt.config.max_position_embeddings, tokenizer, clock, observer)
+    proposer = None
+    if cfg.speculative_draft_model:
+        start = time.monotonic()
+        proposer = _load_draft(cfg, cache_root, ckpt.config, tokenizer, runner.num_blocks)
+        stages["load_draft_model"] = time.monotonic() - start
+    engine = LLMEngine(runner, cfg, ckpt.config.max_position_embeddings, tokenizer, clock, observer, proposer)
     report = LoadReport(stages, runner.num_blocks, str(device), str(dtype).removeprefix("torch."))
     return engine, report
 
@@ -69,12 +75,32 @@ def build_engine(
     tokenizer: Tokenizer | None = None,
     clock: Clock | None = None,
     observer: EngineObserver | None = None,
+    draft: tuple[DecoderConfig, dict[str, torch.Tensor]] | None = None,
 ) -> LLMEngine:
-    """An engine over in-memory weights (tests, HF models built in Python)."""
+    """An engine over in-memory weights (tests, HF models built in Python); `draft` = (architecture,
+    weights) of a draft model for speculative decoding (`speculative_draft_tokens` per step)."""
     cfg = config or EngineConfig()
     device, dtype = resolve_device(cfg)
     runner = TorchRunner(build_model(decoder, state_dict, device, dtype), cfg)
-    return LLMEngine(runner, cfg, decoder.max_position_embeddings, tokenizer, clock, observer)
+    proposer = None
+    if draft is not None:
+        from headroom.llm.draft_model import build_draft_proposer
+
+        net = build_model(draft[0], draft[1], device, dtype)
+        proposer = build_draft_proposer(decoder, net, cfg, runner.num_blocks)
+    return LLMEngine(runner, cfg, decoder.max_position_embeddings, tokenizer, clock, observer, proposer)
+
+
+def _load_draft(
+    cfg: EngineConfig, cache_root: Path | None, target: DecoderConfig, tokenizer: Tokenizer, num_blocks: int
+) -> DraftProposer:
+    """Load `speculative_draft_model` like the target and check it shares the target's vocabulary."""
+    from headroom.llm.draft_model import build_draft_proposer
+
+    ckpt = load_checkpoint(cfg.speculative_draft_model, cache_root)
+    device, dtype = resolve_device(cfg)
+    net = build_model(ckpt.config, ckpt.state_dict, device, dtype)
+    return build_draft_proposer(target, net, cfg, num_blocks, tokenizer, Tokenizer(ckpt.tokenizer))
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,12 +10,13 @@ The quantised weights of the *fused* model (`int8_state_dict`) are cached next t
 builds the int8 linears from them without concatenating or quantising fp32 weights at start-up. Cached and
 on-the-fly quantisation run the same function, so both give identical outputs.
 
-Caveats (why it is opt-in, `weight_dtype: int8`): outputs differ slightly from fp32 (greedy text may diverge
-after some tokens), and activation scales are per call (the whole flat batch), so a sequence's logits depend
-a little on what else is in the step: outputs are not bit-identical across batch compositions or after
-preemption by recompute. The embedding stays fp32 (a lookup reads one row); a tied `lm_head` gets its own
-int8 copy. (`torch._weight_int8pack_mm`, weight-only int8 with fp32 activations, was measured 6-100x slower
-than this on the AVX2 CPU, and 2-10x slower with bf16 activations beyond batch 1.)
+Caveats (why it is opt-in, `weight_dtype: int8` or `int8_on_cpu`): outputs differ slightly from fp32
+(greedy text may diverge after some tokens), and activation scales are per call (the whole flat batch), so a
+sequence's logits depend a little on what else is in the step: outputs are not bit-identical across batch
+compositions, prefix-cache hits (fewer rows prefilled) or preemption by recompute. The embedding stays fp32
+(a lookup reads one row); a tied `lm_head` gets its own int8 copy. (`torch._weight_int8pack_mm`, weight-only
+int8 with fp32 activations, was measured 6-100x slower than this on the AVX2 CPU, and 2-10x slower with bf16
+activations beyond batch 1.)
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class Int8DynamicLinear(nn.Module):
         self.out_features = q.shape[0]  # output width
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:  # the decoder's flat batch: no reshapes (each costs as much as a small kernel here)
+            flat: torch.Tensor = torch.ops.quantized.linear_dynamic(x, self._packed, True)
+            return flat
         shape = x.shape
         out: torch.Tensor = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]), self._packed, True)
         return out.view(*shape[:-1], self.out_features)

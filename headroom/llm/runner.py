@@ -8,6 +8,7 @@ scheduler without a model.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -18,6 +19,7 @@ import torch
 from headroom.llm.config import DecoderConfig, EngineConfig
 from headroom.llm.model import AttentionGroup, AttentionMetadata, DecoderForCausalLM
 from headroom.llm.quant import prepare_int8
+from headroom.llm.threads import ThreadTunerConfig, ThreadTunerState, choose_threads, observe
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,19 +72,25 @@ def resolve_device(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
 
 
 def cpu_threads(requested: int, cpu_count: int) -> int:
-    """Intra-op threads to use: `requested` if > 0; else 1 on a machine with <= 2 CPUs (an OpenMP team as wide
-    as the machine stalls badly as soon as anything else runs: a decode step measured 40 ms with 1 thread vs
-    0.2-1.8 s with 2 on a busy 2-core box), else 0 = leave torch's default."""
+    """Intra-op threads to start with: `requested` if > 0; else 1 on a machine with <= 2 CPUs (an OpenMP team as
+    wide as the machine stalls badly as soon as anything else runs: a decode step measured 40 ms with 1 thread
+    vs 0.2-1.8 s with 2 on a busy 2-core box; the runner then picks per step, see `headroom.llm.threads`),
+    else 0 = leave torch's default."""
     if requested > 0:
         return requested
     return 1 if cpu_count <= 2 else 0
+
+
+def int8_weights(engine: EngineConfig, device: torch.device) -> bool:
+    """Whether the linears become int8: `weight_dtype: int8`, or `int8_on_cpu` with the model on CPU."""
+    return engine.weight_dtype == "int8" or (engine.weight_dtype == "int8_on_cpu" and device.type == "cpu")
 
 
 def prepare_model(model: DecoderForCausalLM, engine: EngineConfig) -> None:
     """Make a loaded model fast for inference, in place: fuse q/k/v and gate/up, then int8 weights if asked
     (from the checkpoint's cached int8 tensors when it has them, see `quant.prepare_int8`).
     Idempotent (the runner calls it; `load_engine` calls it first to time it as its own cold-start stage)."""
-    if engine.weight_dtype == "int8":
+    if int8_weights(engine, next(model.parameters()).device):
         prepare_int8(model, model.extra_tensors)
     else:
         model.fuse_projections()
@@ -181,10 +189,19 @@ class TorchRunner:
         cfg = model.config
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        cpu_count = os.cpu_count() or 1
+        self._threads_now = 0  # what this runner last set (0 = nothing yet)
+        # auto threads on a <= 2-CPU machine: chosen per step by measuring (see headroom.llm.threads)
+        self._tuner: ThreadTunerConfig | None = None
+        self._tuner_state = ThreadTunerState()
         if self.device.type == "cpu":
-            threads = cpu_threads(engine.num_threads, os.cpu_count() or 1)
+            threads = cpu_threads(engine.num_threads, cpu_count)
             if threads:
                 torch.set_num_threads(threads)
+                self._threads_now = threads
+            if engine.num_threads <= 0 and 1 < cpu_count <= 2:
+                self._tuner = ThreadTunerConfig((1, cpu_count), engine.wide_step_min_tokens)
+                self._tuner.validate()
         prepare_model(model, engine)
         per_block = kv_bytes_per_block(cfg, engine.block_size_tokens, self.dtype)
         self.kv_bytes_per_block = per_block
@@ -206,10 +223,22 @@ class TorchRunner:
         ]
 
     def execute(self, batch: ModelBatch) -> torch.Tensor:
+        tuner = self._tuner
+        num_tokens = sum(len(it.token_ids) for it in batch.items) if tuner is not None else 0
+        if tuner is not None:
+            threads = choose_threads(self._tuner_state, tuner, num_tokens)
+            if threads != self._threads_now:  # set in the calling thread: OpenMP thread counts are per thread
+                torch.set_num_threads(threads)
+                self._threads_now = threads
+        start = time.perf_counter()
         ids, pos, meta, logits_idx = build_metadata(batch, self.device)
         with torch.inference_mode():
             logits: torch.Tensor = self.model(ids, pos, self.kv_caches, meta, logits_idx)
-        return logits.float().cpu()
+        out = logits.float().cpu()
+        if tuner is not None:
+            elapsed = time.perf_counter() - start
+            self._tuner_state = observe(self._tuner_state, tuner, num_tokens, self._threads_now, elapsed)
+        return out
 
     def _paged(self, cache: torch.Tensor) -> torch.Tensor:
         """[Hkv, slots, D] viewed as [Hkv, blocks, block size, D]."""

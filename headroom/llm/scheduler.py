@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from headroom.llm.kv_cache import KVCacheManager, PrefixHit
 from headroom.llm.request import Request
-from headroom.llm.spec_decode import can_speculate, propose_ngram
+from headroom.llm.spec_decode import DraftProposer, DraftQuery, NgramProposer, can_speculate
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,7 @@ class SchedulerLimits:
     max_num_batched_tokens: int  # token budget per step
     enable_chunked_prefill: bool = True  # False: a prompt's remaining prefill must fit in one step
     max_waiting: int = 256  # bounded waiting queue
-    num_speculative_tokens: int = 0  # prompt-lookup draft length for eligible decodes (0 = off)
+    num_speculative_tokens: int = 0  # draft length for eligible decodes (0 = off; drafts from the proposer)
     max_model_len: int = 1 << 30  # context limit: drafts never run past it
     swap_space_blocks: int = 0  # host blocks for swap preemption (0 = always recompute)
 
@@ -71,9 +71,11 @@ def _key(req: Request) -> tuple[int, int]:
 class Scheduler:
     """Holds the waiting and running queues; `schedule()` decides a step, `finish()` retires a sequence."""
 
-    def __init__(self, limits: SchedulerLimits, kv: KVCacheManager) -> None:
+    def __init__(self, limits: SchedulerLimits, kv: KVCacheManager, proposer: DraftProposer | None = None) -> None:
         self.limits = limits
         self.kv = kv
+        self.proposer: DraftProposer = proposer or NgramProposer()  # where speculative drafts come from
+        self._drafts: dict[str, tuple[int, ...]] = {}  # this step's proposals, by sequence
         self.waiting: list[Request] = []  # sorted by (priority, seq_no)
         self.running: list[Request] = []  # sorted by (priority, seq_no)
         self.requests: dict[str, Request] = {}
@@ -102,6 +104,7 @@ class Scheduler:
         if req in self.waiting:
             self.waiting.remove(req)
         self.kv.free(req.request_id)
+        self.proposer.release(req.request_id)
 
     @property
     def has_work(self) -> bool:
@@ -119,6 +122,7 @@ class Scheduler:
         else:
             victim.num_computed_tokens = 0
         self.kv.free(victim.request_id)
+        self.proposer.release(victim.request_id)
         victim.num_preemptions += 1
         self.num_preemptions += 1
         bisect.insort(self.waiting, victim, key=_key)
@@ -136,6 +140,7 @@ class Scheduler:
         out: list[ScheduledSeq] = []
         preempted = self._preempt_for_priority()
         for_priority = len(preempted)
+        self._drafts = self._propose_all()
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -179,7 +184,7 @@ class Scheduler:
         return victims
 
     def _draft(self, req: Request, num_new: int, budget: int) -> tuple[int, ...]:
-        """Prompt-lookup drafts for a one-token decode of an eligible request (pure function of its tokens)."""
+        """This step's proposed drafts for a one-token decode of an eligible request, trimmed to the budget."""
         k = self.limits.num_speculative_tokens
         if k <= 0 or num_new != 1 or not can_speculate(req.params):
             return ()
@@ -189,7 +194,29 @@ class Scheduler:
             req.params.max_tokens - req.num_output_tokens - 1,
             self.limits.max_model_len - len(req.token_ids) - 1,
         )
-        return propose_ngram(req.token_ids, room)
+        return self._drafts.get(req.request_id, ())[: max(0, room)]
+
+    def _propose_all(self) -> dict[str, tuple[int, ...]]:
+        """One batched proposer call for every running one-token decode that may speculate (budget-blind:
+        `_draft` trims to what the step's budget leaves)."""
+        k = self.limits.num_speculative_tokens
+        if k <= 0:
+            return {}
+        queries = []
+        for req in self.running:
+            if len(req.token_ids) - req.num_computed_tokens != 1 or not can_speculate(req.params):
+                continue
+            room = min(
+                k,
+                req.params.max_tokens - req.num_output_tokens - 1,
+                self.limits.max_model_len - len(req.token_ids) - 1,
+            )
+            if room > 0:
+                queries.append(DraftQuery(req, room))
+        if not queries:
+            return {}
+        drafts = self.proposer.propose(queries)
+        return {q.request.request_id: d[: q.max_tokens] for q, d in zip(queries, drafts, strict=True)}
 
     def _admit(self, budget: int, out: list[ScheduledSeq]) -> int:
         j = 0

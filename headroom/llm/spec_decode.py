@@ -3,15 +3,57 @@ occurrence of the sequence's last n-gram, verify them all in one forward, keep t
 
 Only greedy requests without penalties or logprobs speculate, so the output is token-for-token identical
 to plain decoding: every kept token is the argmax the model would have produced one step at a time.
+
+Where drafts come from is a seam: the scheduler asks a `DraftProposer` once per step for the drafts of all
+eligible decodes. `NgramProposer` (prompt lookup, pure, stateless) is the default; `draft_model.
+DraftModelProposer` runs a small draft model and keeps per-sequence state, freed through `release`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from headroom.llm.request import SamplingParams
+from headroom.llm.request import Request, SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class DraftQuery:
+    """One eligible decode the scheduler wants drafts for."""
+
+    request: Request  # the sequence (its `token_ids` end with the token about to be decoded)
+    max_tokens: int  # most draft tokens it may take (>= 1): k, capped by max_tokens and the context limit
+
+
+class DraftProposer(Protocol):
+    """Proposes draft tokens; may keep per-sequence state, which `release` frees."""
+
+    def propose(self, queries: Sequence[DraftQuery]) -> list[tuple[int, ...]]:
+        """Drafts for each query, in order (each at most `max_tokens` long; may be empty)."""
+        ...
+
+    def release(self, request_id: str) -> None:
+        """Forget a sequence (finished, aborted or preempted); unknown ids are ignored."""
+        ...
+
+
+class NgramProposer:
+    """Prompt lookup: drafts copied from the sequence's own history (stateless)."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram ({min_ngram}) <= max_ngram ({max_ngram})")
+        self.max_ngram = max_ngram  # longest suffix n-gram looked up
+        self.min_ngram = min_ngram  # shortest suffix n-gram looked up
+
+    def propose(self, queries: Sequence[DraftQuery]) -> list[tuple[int, ...]]:
+        return [propose_ngram(q.request.token_ids, q.max_tokens, self.max_ngram, self.min_ngram) for q in queries]
+
+    def release(self, request_id: str) -> None:
+        return None
 
 
 def can_speculate(params: SamplingParams) -> bool:

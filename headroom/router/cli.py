@@ -38,15 +38,8 @@ from headroom.gateway.span_export import file_tracer_provider
 from headroom.router.grpc_proxy import GrpcProxy
 from headroom.router.policies import POLICIES
 from headroom.router.proxy import ProxyConfig, Router
-from headroom.router.ray_replicas import (
-    RayClusterConfig,
-    RayColdStart,
-    RayReplicaConfig,
-    RayReplicaManager,
-    connect_ray,
-    ray_serve_command,
-    shutdown_ray,
-)
+from headroom.router.ray_cluster import RayClusterConfig, connect_ray, ray_serve_command, shutdown_ray
+from headroom.router.ray_replicas import RayColdStart, RayReplicaConfig, RayReplicaManager
 from headroom.router.replicas import (
     ColdStartTiming,
     CommandFactory,

@@ -16,7 +16,8 @@ from headroom.autoscaler.policy import AutoscalerConfig
 from headroom.router.cli import route, run_fleet
 from headroom.router.policies import POLICIES
 from headroom.router.proxy import ProxyConfig
-from headroom.router.ray_replicas import RayCommandFactory, RayReplicaConfig, RayReplicaManager
+from headroom.router.ray_cluster import RayCommandFactory
+from headroom.router.ray_replicas import RayReplicaConfig, RayReplicaManager
 from headroom.router.replicas import ReplicaFleet
 from headroom.router.upstream import Upstream
 

@@ -395,20 +395,36 @@ def validate_inputs(request: InferenceRequest, cfg: ModelConfig) -> Mapping[str,
 
 async def _race_disconnect(submit: Coroutine[Any, Any, BatchResult], disconnected: DisconnectWatcher | None,
                            name: str) -> BatchResult:
-    """Await the batcher; if the client goes away first, cancel (drop from the queue) and raise Cancelled."""
-    task: asyncio.Task[BatchResult] = asyncio.ensure_future(submit)
+    """Await the batcher; if the client goes away first, cancel (drop from the queue) and raise Cancelled.
+
+    The batcher runs in this task (no extra task and no `asyncio.wait` per request): the watcher, when the
+    client disconnects, cancels this task, and the CancelledError is turned into Cancelled here.
+    """
     if disconnected is None:
-        return await task
+        return await submit
+    current = asyncio.current_task()
+    if current is None:
+        raise RuntimeError("_race_disconnect must run inside a task")
+    state = {"gone": False, "finished": False}
+
+    def on_watcher_done(watcher: asyncio.Future[None]) -> None:
+        if watcher.cancelled():
+            return
+        watcher.exception()  # retrieved: a receive() that failed means the connection is gone too
+        if state["finished"]:
+            return
+        state["gone"] = True
+        current.cancel()
+
     watcher = asyncio.ensure_future(disconnected())
+    watcher.add_done_callback(on_watcher_done)
     try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, HeadroomError):
-            await task
-        raise Cancelled(f"client disconnected; request to '{name}' dropped")
+        return await submit
+    except asyncio.CancelledError:
+        if not state["gone"]:
+            raise
+        current.uncancel()
+        raise Cancelled(f"client disconnected; request to '{name}' dropped") from None
     finally:
+        state["finished"] = True
         watcher.cancel()
-        if not task.done():
-            task.cancel()

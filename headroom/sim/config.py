@@ -30,6 +30,8 @@ class SimConfig:
     autoscale_interval_s: float = 5.0  # how often metrics are sampled and the autoscaler is asked
     cold_start_s: float = 30.0  # from "start a replica" to serving (image pull, load, warm-up)
     warmup_s: float = 0.0  # requests arriving before this are served but left out of the metrics
+    host_cpu_per_request_s: float = 0.0  # model seconds lost per arrival to the server's host work on the
+    #   model's cores (HTTP, JSON, preprocessing); stretches batches event by event (headroom.sim.cpu_share)
     seed: int = 0  # seeds arrivals, service-time noise, routing and LLM output lengths
 
     def __post_init__(self) -> None:
@@ -43,6 +45,11 @@ class SimConfig:
             raise ValueError(f"max_queue must be >= 0 (0 = unbounded), got {self.max_queue}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if not 0 <= self.host_cpu_per_request_s < math.inf:
+            raise ValueError(f"host_cpu_per_request_s must be >= 0 and finite, got {self.host_cpu_per_request_s}")
+        if self.host_cpu_per_request_s > 0 and self.batching == "continuous":
+            raise ValueError("host_cpu_per_request_s stretches whole batches; continuous batching's iterations are "
+                             "not modelled with it: use none/static/dynamic/adaptive or set it to 0")
         if self.autoscale_interval_s <= 0 or self.cold_start_s < 0 or self.warmup_s < 0:
             raise ValueError("autoscale_interval_s must be > 0; cold_start_s and warmup_s >= 0")
 

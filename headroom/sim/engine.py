@@ -6,6 +6,8 @@ entering the heap. Batching decisions call `headroom.batching.policy.decide` —
 server's batcher calls — with a snapshot of the queue's head (at most `max_batch_size` items are visible,
 which changes nothing: the policy never looks further than one full batch). Autoscaling calls
 `headroom.autoscaler.policy.decide`. Continuous batching (LLM iterations) lives in `headroom.sim.continuous`.
+With `host_cpu_per_request_s > 0` each batch's time is stretched by the host work of the arrivals that come in
+while it runs (`headroom.sim.cpu_share`, called from one place: `_stretched`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from headroom.core.clock import FakeClock
 from headroom.router.snapshot import RouterState, peak_ewma_update
 from headroom.sim.config import SimConfig, SimResult
 from headroom.sim.continuous import ContinuousReplica
+from headroom.sim.cpu_share import HostBacklog, advance, batch_end_s
 from headroom.sim.profile import Jitter, ServiceProfile
 from headroom.sim.router import needs_loads, route
 from headroom.sim.state import ReplicaState as _Replica
@@ -93,6 +96,9 @@ class Simulator:
         self._cut_s = cfg.warmup_s
         self._last_done_s = 0.0
         self._routable: list[_Replica] | None = None  # ready, non-draining replicas (router targets)
+        self._host_cost_s = cfg.host_cpu_per_request_s  # > 0: host work on the model's cores stretches batches
+        self._host = HostBacklog()
+        self._arrivals: list[float] = []  # the schedule (host work of future arrivals preempts a running batch)
 
     # ---------------------------------------------------------------- events and replicas
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -178,6 +184,8 @@ class Simulator:
             r = q.idle.pop()
             mean = self._mean_s[k] if k < len(self._mean_s) else self.profile.mean_service_s(k)
             svc = mean * self._jitter.draw()
+            if self._host_cost_s > 0:
+                svc = self._stretched(now, svc)
             r.batch = batch
             r.busy_since_s = now
             self._batches += 1
@@ -189,6 +197,11 @@ class Simulator:
                     self._wait_sum += now - e
             self._seq += 1
             heapq.heappush(self._heap, (now + svc, self._seq, _DONE, r))
+
+    def _stretched(self, now: float, svc: float) -> float:
+        """The batch's wall time when the arrivals' host work shares its core (headroom.sim.cpu_share)."""
+        self._host = advance(self._host, self._arrivals, now, self._host_cost_s)
+        return batch_end_s(now, svc, self._arrivals, self._host, self._host_cost_s) - now
 
     def _drop(self, q: _Queue, expire: tuple[int, ...], now: float) -> None:
         dead = set(expire)
@@ -301,9 +314,10 @@ class Simulator:
         """Simulate `arrivals_s` (sorted seconds from t = 0) until every admitted request is finished."""
         wall0 = time.perf_counter()
         cfg = self.cfg
+        arrivals = arrivals_s.tolist()
+        self._arrivals = arrivals
         for _ in range(cfg.replicas):
             self._add_replica(0.0, 0.0)
-        arrivals = arrivals_s.tolist()
         n = len(arrivals)
         scale_state = _ScaleState(cfg.replicas)
         if cfg.autoscale is not None and n:

@@ -22,7 +22,7 @@ from headroom.llm.quant import (
     quantize_weight_int8,
 )
 from headroom.llm.request import SamplingParams
-from headroom.llm.runner import BatchItem, ModelBatch, TorchRunner
+from headroom.llm.runner import BatchItem, ModelBatch, TorchRunner, int8_weights
 from headroom.llm.weights import INT8_FILE, LoadedCheckpoint
 from tests.llm.conftest import TINY, TINY_ENGINE
 
@@ -40,6 +40,15 @@ def test_int8_linear_approximates_fp32_with_bias() -> None:
     assert not torch.equal(out, ref)  # it really is quantised
 
 
+def test_int8_linear_flat_fast_path_equals_the_batched_path() -> None:
+    g = torch.Generator().manual_seed(1)
+    lin = Int8DynamicLinear(torch.randn(24, 16, generator=g), None)
+    x = torch.randn(3, 16, generator=g)
+    flat = lin(x)  # 2-D input: the op is called directly (the decoder's flat batch)
+    assert flat.shape == (3, 24)
+    assert torch.equal(flat, lin(x.unsqueeze(0))[0])  # same kernel, same activation scale: identical
+
+
 def test_quantize_replaces_every_linear_and_refuses_bf16() -> None:
     net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
     assert quantize_linears_int8(net) == 2
@@ -53,6 +62,17 @@ def test_weight_dtype_is_validated() -> None:
     with pytest.raises(ValueError, match="weight_dtype"):
         EngineConfig(weight_dtype="int4").validate()
     assert EngineConfig.from_parameters({"weight_dtype": "int8"}).weight_dtype == "int8"
+    assert EngineConfig.from_parameters({"weight_dtype": "int8_on_cpu"}).weight_dtype == "int8_on_cpu"
+
+
+def test_int8_on_cpu_quantises_a_cpu_model_and_leaves_a_gpu_one_in_dtype(make_tiny: MakeEngine) -> None:
+    eng = make_tiny(weight_dtype="int8_on_cpu")  # the tiny engine runs on CPU: int8 linears, as with int8
+    assert any(isinstance(m, Int8DynamicLinear) for m in eng.runner.model.modules())  # type: ignore[attr-defined]
+    assert not any(isinstance(m, Linear) for m in eng.runner.model.modules())  # type: ignore[attr-defined]
+    cfg = EngineConfig(weight_dtype="int8_on_cpu")
+    assert int8_weights(cfg, torch.device("cpu")) and not int8_weights(cfg, torch.device("cuda"))
+    assert int8_weights(EngineConfig(weight_dtype="int8"), torch.device("cuda"))  # int8 asked: quant.py refuses
+    assert not int8_weights(EngineConfig(), torch.device("cpu"))
 
 
 def test_int8_engine_logits_close_to_fp32_and_generation_runs(

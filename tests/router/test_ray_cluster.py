@@ -26,13 +26,8 @@ from headroom.autoscaler.policy import AutoscalerConfig
 from headroom.core.clock import MonotonicClock
 from headroom.router.fake_replica import serve_asgi
 from headroom.router.proxy import ProxyConfig, Router
-from headroom.router.ray_replicas import (
-    RayClusterConfig,
-    RayReplicaConfig,
-    RayReplicaManager,
-    connect_ray,
-    shutdown_ray,
-)
+from headroom.router.ray_cluster import RayClusterConfig, connect_ray, shutdown_ray
+from headroom.router.ray_replicas import RayReplicaConfig, RayReplicaManager
 
 INFER = "/v2/models/m/infer"
 MiB = 1024 * 1024

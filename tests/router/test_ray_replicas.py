@@ -23,14 +23,8 @@ from typer.testing import CliRunner
 from headroom.router.fake_replica import serve_asgi
 from headroom.router.proxy import ProxyConfig, Router
 from headroom.router.ray_cli import route_ray, run_ray_cluster
-from headroom.router.ray_replicas import (
-    RayClusterConfig,
-    RayReplicaConfig,
-    RayReplicaManager,
-    connect_ray,
-    ray_serve_command,
-    shutdown_ray,
-)
+from headroom.router.ray_cluster import RayClusterConfig, connect_ray, ray_serve_command, shutdown_ray
+from headroom.router.ray_replicas import RayReplicaConfig, RayReplicaManager
 from headroom.router.replicas import free_port
 from tests.server.conftest import build_test_repository
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -54,3 +55,15 @@ def test_sim_reports_token_latencies_for_continuous_batching() -> None:
     for name in ("ttft", "tpot", "itl"):
         assert 0 < m[f"{name}_p50_s"] <= m[f"{name}_p90_s"] <= m[f"{name}_p99_s"]
     assert m["tpot_p50_s"] < m["ttft_p50_s"] < m["p50_latency_s"]
+
+
+def test_sim_host_cpu_stretches_batches_through_the_cli() -> None:
+    args = ["sim", "--rate", "60", "--batching", "none", "--service-ms", "10", "--duration", "30", "--json", "-"]
+    plain = json.loads(runner.invoke(app, args).output)["metrics"]
+    shared = runner.invoke(app, [*args, "--host-cpu-ms", "2"])
+    assert shared.exit_code == 0, shared.output
+    m = json.loads(shared.output)["metrics"]
+    # 60 req/s x 2 ms of host work fill 12 % of the core: each batch takes about 10 / 0.88 ms instead of 10
+    assert m["busy_s"] / m["completed"] == pytest.approx(0.010 / (1 - 60 * 0.002), rel=0.05)
+    assert plain["busy_s"] / plain["completed"] == pytest.approx(0.010)
+    assert runner.invoke(app, [*args, "--host-cpu-ms", "-1"]).exit_code == 2

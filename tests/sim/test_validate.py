@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -15,17 +16,21 @@ import pytest
 from typer.testing import CliRunner
 
 from headroom.cli.main import app
+from headroom.models.config import load_model_config
 from headroom.models.repository import ModelRepository
 from headroom.server.dataplane import policy_config
+from headroom.sim.calibrate import Overhead, ServerReading, process_cpu_s, usage_between
 from headroom.sim.profile import ServiceProfile
 from headroom.sim.validate import (
-    Overhead,
     ValidateConfig,
     capacity_per_s,
+    host_cost_s,
     relative_error,
+    run_validation,
     sim_config_for,
     with_batch_overhead,
 )
+from headroom.sim.validate_profile import pinned, pinned_repository
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -65,8 +70,48 @@ def test_overhead_draws_resample_the_measured_costs() -> None:
     assert np.all(fixed.draw(5, np.random.default_rng(0)) == 0.002)
 
 
+def test_host_cost_scales_the_host_cpu_by_the_cores_the_model_keeps_busy() -> None:
+    ov = Overhead(0.002, 0.0, 0.003, 0.001, host_cpu_per_request_s=0.0015)
+    one_thread = ServiceProfile.constant(0.01, meta={"busy_fraction": 0.97})
+    assert host_cost_s(ov, one_thread, server_cores=1, model_threads=1) == pytest.approx(0.0015 * 0.97)
+    assert host_cost_s(ov, one_thread, server_cores=2, model_threads=1) == pytest.approx(0.0015 * 0.97 / 2)
+    assert host_cost_s(ov, one_thread, server_cores=2, model_threads=2) == pytest.approx(0.0015 * 0.97)
+    sleeper = ServiceProfile.constant(0.01, meta={"busy_fraction": 0.0})
+    assert host_cost_s(ov, sleeper, server_cores=1, model_threads=1) == 0.0
+    assert host_cost_s(ov, ServiceProfile.constant(0.01), 1, 1) == pytest.approx(0.0015)  # unknown: CPU-bound
+
+
+def test_pinned_repository_overrides_the_thread_count_and_links_the_rest(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    (source / "m" / "1").mkdir(parents=True)
+    (source / "m" / "1" / "model.onnx").write_bytes(b"x")
+    (source / "m" / "config.yaml").write_text(
+        "backend: onnxruntime\nmax_batch_size: 4\ninputs: [{name: x, datatype: FP32, shape: [2]}]\n"
+        "outputs: [{name: y, datatype: FP32, shape: [2]}]\nparameters: {intra_op_threads: 2}\n")
+    repo = pinned_repository(source, "m", 1, tmp_path / "work")
+    assert repo != source
+    assert load_model_config(repo / "m").runtime.intra_op_threads == 1
+    assert (repo / "m" / "1" / "model.onnx").read_bytes() == b"x"
+    assert pinned_repository(source, "m", 0, tmp_path / "other") == source
+    sleep_repo = Path(__file__).resolve().parents[2] / "benchmarks" / "sim_validation" / "models"
+    assert pinned_repository(sleep_repo, "sleep", 1, tmp_path / "py") == sleep_repo  # no thread knob
+
+
+def test_pinned_restores_the_affinity_and_refuses_unavailable_cpus() -> None:
+    before = os.sched_getaffinity(0)
+    first = min(before)
+    with pinned(str(first)) as cpus:
+        assert cpus == {first} and os.sched_getaffinity(0) == {first}
+    assert os.sched_getaffinity(0) == before
+    with pytest.raises(ValueError, match="not available"), pinned(str(max(before) + 1000)):
+        pass
+    cpu = process_cpu_s(os.getpid())
+    sum(i * i for i in range(200_000))
+    assert process_cpu_s(os.getpid()) >= cpu > 0
+
+
 @pytest.mark.parametrize("kwargs", [{"loads": ()}, {"loads": (0.0,)}, {"duration_s": 0.0}, {"overhead": "magic"},
-                                    {"capacity_per_s": -1.0}])
+                                    {"capacity_per_s": -1.0}, {"model_threads": -1}, {"server_cpus": "x"}])
 def test_bad_settings_are_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         ValidateConfig(model="digits", **kwargs)  # type: ignore[arg-type]
@@ -80,16 +125,24 @@ def test_cli_refuses_a_model_that_is_not_in_the_repository(tmp_path: Path) -> No
 
 def test_short_validation_against_the_real_server(tmp_path: Path) -> None:
     out = tmp_path / "validation.json"
+    cpu = str(min(os.sched_getaffinity(0)))  # server and generator pinned (to the same CPU: works anywhere)
     result = CliRunner().invoke(app, [
         "sim", "--validate", "--model", "digits", "--model-repository", str(MODELS), "--loads", "0.3,0.8",
         "--capacity-per-s", "40", "--duration", "2", "--calibration-queries", "30", "--seed", "5",
-        "--json", str(out),
+        "--server-cpus", cpu, "--generator-cpus", cpu, "--json", str(out),
     ])
     assert result.exit_code in (0, 1), result.output  # 1 = accuracy target missed (not judged here)
     report = json.loads(out.read_text())
-    assert report["schema"] == "headroom.sim.validate/1" and report["model"] == "digits"
+    assert report["schema"] == "headroom.sim.validate/2" and report["model"] == "digits"
+    assert report["config"]["server_cpus"] == cpu and report["config"]["model_threads"] == 1
+    assert report["profile"]["meta"]["cpus"] == [int(cpu)] and report["profile"]["meta"]["intra_op_threads"] == 1
+    meta = report["profile"]["meta"]
+    assert meta["cpu_per_wall"] > 0 and 0 < meta["busy_fraction"] <= 1  # a CPU model burns CPU while it predicts
+    ov, cap = report["overhead"], report["capacity"]
+    assert ov["host_cpu_per_request_ms"] > 0 and ov["calibration_requests"] >= 30
+    assert 0 < cap["effective_per_s"] < cap["isolated_per_s"]
     assert report["simulated"]["batching"] == "dynamic" and report["simulated"]["max_batch_size"] == 32
-    assert report["capacity"]["used_per_s"] == 40 and report["capacity"]["implied_per_s"] > 0
+    assert cap["used_per_s"] == 40
     assert report["overhead"]["per_request_ms"] > 0 and report["overhead"]["per_batch_ms"] >= 0
     assert set(report["profile"]["service_ms"]) == {"1", "2", "4", "8", "16", "32"}
     rows = report["loads"]
@@ -104,7 +157,45 @@ def test_short_validation_against_the_real_server(tmp_path: Path) -> None:
         assert row["sim"]["p50_ms"] >= report["overhead"]["per_request_ms"]
         assert row["rel_error"]["p50"] == pytest.approx(row["sim"]["p50_ms"] / row["real"]["p50_ms"] - 1, abs=1e-3)
         assert row["real"]["mean_batch_size"] >= 1 and row["sim"]["mean_batch_size"] >= 1
+        assert row["sim_without_host_cpu"]["p50_ms"] <= row["sim"]["p50_ms"]  # host work only slows batches
         assert row["judged"] is judged and (row["pass"] is None) is (not judged)
     assert report["verdict"]["judged_loads"] == [0.3]
     assert report["verdict"]["pass"] is rows[0]["pass"]
     assert (result.exit_code == 0) is report["verdict"]["pass"]
+
+
+def test_usage_between_splits_server_cpu_into_batch_threads_and_host_work() -> None:
+    pid = 100
+    metrics0 = {"headroom_busy_seconds_total{model=\"m\"}": 1.0, "executions": 10.0, "inferences": 10.0,
+                "compute_s": 0.8}
+    metrics1 = {"headroom_busy_seconds_total{model=\"m\"}": 3.0, "executions": 60.0, "inferences": 110.0,
+                "compute_s": 2.6}
+    before = ServerReading(metrics0, cpu_s=5.0, threads_cpu_s={100: 1.0, 101: 3.0, 102: 0.5},
+                           threads_wait_s={101: 0.1})
+    # main thread (event loop) +0.15 s, executor 101 +1.9 s (the batch thread), pool thread 102 +0.05 s,
+    # and thread 103 started meanwhile with 0.1 s
+    after = ServerReading(metrics1, cpu_s=7.2, threads_cpu_s={100: 1.15, 101: 4.9, 102: 0.55, 103: 0.1},
+                          threads_wait_s={101: 0.35})
+    used = usage_between(before, after, pid, model_threads=1)
+    assert used["batches"] == 50 and used["items"] == 100
+    assert used["busy_s"] == pytest.approx(2.0) and used["compute_s"] == pytest.approx(1.8)
+    assert used["batch_threads_cpu_s"] == pytest.approx(1.9)
+    assert used["batch_threads_wait_s"] == pytest.approx(0.25)
+    assert used["host_cpu_per_item_s"] == pytest.approx((2.2 - 1.9) / 100)
+    two = usage_between(before, after, pid, model_threads=2)  # an intra-op pool thread: the next busiest
+    assert two["batch_threads_cpu_s"] == pytest.approx(2.0)
+
+
+def test_a_model_that_sleeps_loses_nothing_to_host_cpu(tmp_path: Path) -> None:
+    """The sleep model's batches use no CPU: host work measured at calibration must not stretch them, so the
+    effective capacity equals the isolated one (within 1 %) while the host CPU per request is still measured."""
+    repo = Path(__file__).resolve().parents[2] / "benchmarks" / "sim_validation" / "models"
+    cfg = ValidateConfig(model="sleep", model_repository=repo, loads=(0.2,), duration_s=2.0, profile_repeats=5,
+                         calibration_queries=20, warmup_queries=5, server_cpus=str(min(os.sched_getaffinity(0))))
+    report = run_validation(cfg)
+    assert report["profile"]["meta"]["busy_fraction"] < 0.2
+    assert report["overhead"]["host_cpu_per_request_ms"] > 0
+    assert report["overhead"]["host_cost_per_arrival_ms"] < 0.2 * report["overhead"]["host_cpu_per_request_ms"]
+    cap = report["capacity"]
+    assert cap["effective_per_s"] == pytest.approx(cap["isolated_per_s"], rel=0.01)
+    assert report["config"]["model_threads"] == 1 and report["profile"]["meta"]["intra_op_threads"] is None

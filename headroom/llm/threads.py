@@ -1,0 +1,84 @@
+"""Intra-op threads per step on a small CPU machine, chosen by measuring (policy only; the runner applies it).
+
+On a 2-core box a 2-thread OpenMP team is a gamble: with the other core free it speeds up big steps (32-row
+matmuls, prefill chunks) and maybe single-sequence decode; with another process on that core every OpenMP
+barrier (one per op) waits for a time slice, and a one-token step goes from ~35 ms to 0.1-1 s. Which one
+wins depends on the machine's load *now*, so the tuner keeps, per step-size bucket (tokens in the step,
+powers of two), a running mean of seconds per token for each thread count, uses the faster one, and now
+and then runs a step with the other to notice when the load changes. It starts from a fixed prior (every
+CPU for steps of at least `wide_step_min_tokens` tokens, 1 thread below), so nothing is explored blindly.
+Exploration is rarer the worse the alternative measured (every `explore_every_steps` x ratio steps), which
+bounds its cost to about 1/`explore_every_steps` of a step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadTunerConfig:
+    """Settings of the tuner."""
+
+    candidates: tuple[int, ...]  # thread counts it chooses between, e.g. (1, 2)
+    wide_step_min_tokens: int = 32  # prior: steps of at least this many tokens start at the widest candidate
+    explore_every_steps: int = 64  # per bucket, one step in this many (x the measured ratio) tries the other
+    ewma_alpha: float = 0.25  # weight of a new measurement in the running mean
+
+    def validate(self) -> None:
+        """Raise ValueError on settings that cannot work."""
+        if not self.candidates or min(self.candidates) < 1:
+            raise ValueError("thread candidates must be >= 1")
+        if self.explore_every_steps < 2 or not 0.0 < self.ewma_alpha <= 1.0:
+            raise ValueError("explore_every_steps must be >= 2 and ewma_alpha in (0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadTunerState:
+    """What the tuner has measured."""
+
+    # (bucket, threads) -> running mean of seconds per token of steps run with that many threads
+    mean_s_per_token: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    steps: Mapping[int, int] = field(default_factory=dict)  # bucket -> steps seen in it
+
+
+def bucket_of(num_tokens: int) -> int:
+    """Step-size bucket: 1 token -> 1, 2-3 -> 2, 4-7 -> 3, ... (bit length)."""
+    return max(num_tokens, 1).bit_length()
+
+
+def _prior(cfg: ThreadTunerConfig, num_tokens: int) -> int:
+    return max(cfg.candidates) if num_tokens >= cfg.wide_step_min_tokens else min(cfg.candidates)
+
+
+def choose_threads(state: ThreadTunerState, cfg: ThreadTunerConfig, num_tokens: int) -> int:
+    """Thread count for the next step of `num_tokens` tokens."""
+    b = bucket_of(num_tokens)
+    means = {c: state.mean_s_per_token[(b, c)] for c in cfg.candidates if (b, c) in state.mean_s_per_token}
+    prior = _prior(cfg, num_tokens)
+    best = min(means, key=lambda c: means[c]) if means else prior
+    others = [c for c in cfg.candidates if c != best]
+    if not others:
+        return best
+    n = state.steps.get(b, 0)
+    # the least-measured alternative; explore it once in `explore_every_steps` x (how much worse it was)
+    alt = min(others, key=lambda c: (c in means, means.get(c, 0.0)))
+    ratio = means[alt] / means[best] if alt in means and means[best] > 0 else 1.0
+    period = int(cfg.explore_every_steps * max(1.0, min(ratio, 16.0)))
+    return alt if n % period == period - 1 else best
+
+
+def observe(
+    state: ThreadTunerState, cfg: ThreadTunerConfig, num_tokens: int, threads: int, elapsed_s: float
+) -> ThreadTunerState:
+    """The state after a step of `num_tokens` tokens ran with `threads` threads in `elapsed_s` seconds."""
+    b = bucket_of(num_tokens)
+    per_token = elapsed_s / max(num_tokens, 1)
+    old = state.mean_s_per_token.get((b, threads))
+    new = per_token if old is None else old + cfg.ewma_alpha * (per_token - old)
+    means = dict(state.mean_s_per_token)
+    means[(b, threads)] = new
+    steps = dict(state.steps)
+    steps[b] = steps.get(b, 0) + 1
+    return replace(state, mean_s_per_token=means, steps=steps)
