@@ -44,22 +44,18 @@ MINILM_CONFIG = """\
 # Output `embedding`: FP32 [-1, 384], mean-pooled over the attention mask and L2-normalised.
 backend: onnxruntime
 platform: onnxruntime_onnx
-# Batching, chosen for the most requests/s within p99 <= 100 ms on 2 cores (docs/serving.md, "minilm's
-# batching settings"): a batch of 32 alone takes ~125 ms on 2 threads, 16 ~65 ms, so the cap is 16; no wait
-# (max_queue_delay_ms 0) and no preferred sizes: whatever queued while the previous batch ran goes next, whole
-# (the encoder splits it into length-sorted sub-batches of 8 anyway, so a preferred size of 8 only makes the
-# rest wait another batch).
-max_batch_size: 16
+max_batch_size: 32
 inputs:
   - {name: text, datatype: BYTES, shape: [1]}
 outputs:
   - {name: embedding, datatype: FP32, shape: [384]}
 dynamic_batching:
-  max_queue_delay_ms: 0
+  max_queue_delay_ms: 5
+  preferred_batch_sizes: [8, 16, 32]
   max_queue_size: 512
   default_timeout_ms: 10000
 instances: 1
-warmup: {batch_sizes: [1, 8, 16]}
+warmup: {batch_sizes: [1, 8, 32]}
 parameters:
   model_class: headroom.models.builtin.minilm:MiniLMOnnxModel
   model_file: model.onnx
