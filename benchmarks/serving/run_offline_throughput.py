@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -36,15 +35,12 @@ from run_serving_bench import (
     minilm_repo,
     parse_ort,
     shipped_max_batch_size,
+    stopped,
     wait_fastapi,
     wait_ready,
 )
 
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process (all its threads) has used so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from headroom.sim.calibrate import process_cpu_s
 
 
 def offline(url: str, queries: int, out: Path, pid: int, http_client: str = "aiohttp") -> tuple[float, float]:
@@ -52,9 +48,9 @@ def offline(url: str, queries: int, out: Path, pid: int, http_client: str = "aio
     cmd = [*HEADROOM, "bench", "run", url, "--model", "minilm", "--protocol", "openai-embeddings",
            "--scenario", "offline", "--num-queries", str(queries), "--timeout-s", "600", "--quiet",
            "--http-client", http_client, "--json", str(out)]
-    before = cpu_s(pid)
+    before = process_cpu_s(pid)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    used_s = cpu_s(pid) - before
+    used_s = process_cpu_s(pid) - before
     result = json.loads(out.read_text())
     ok = max(1, int(result["counts"]["ok"]))
     return float(result["throughput"]["ok_per_s"]), 1e3 * used_s / ok
@@ -103,13 +99,7 @@ def main() -> None:
                 print(f"round {i + 1}: {name} {rate:.1f} ok/s, server CPU {cost:.2f} ms per request "
                       f"(load {os.getloadavg()[0]:.1f})", flush=True)
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stopped(procs, timeout_s=60.0)
     med = {k: statistics.median(v) for k, v in runs.items()}
     cpu_med = {k: statistics.median(v) for k, v in cpu_ms.items()}
     ratios: dict[str, float] = {}

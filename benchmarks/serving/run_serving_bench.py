@@ -230,12 +230,13 @@ def started(targets: list[Target]) -> list[subprocess.Popen[bytes]]:
     return procs
 
 
-def stopped(procs: list[subprocess.Popen[bytes]]) -> None:
+def stopped(procs: list[subprocess.Popen[bytes]], timeout_s: float = 30.0) -> None:
+    """SIGTERM every server (they drain), then SIGKILL whichever is still running after `timeout_s`."""
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
     for proc in procs:
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
 
@@ -329,16 +330,20 @@ def main() -> None:
         stopped(procs)
     valid = {k: statistics.median(float(r["valid_qps"]) for r in v)  # type: ignore[arg-type]
              for k, v in runs.items() if v}
-    ratios = {}
+    def ratio(num: str, den: str) -> float | None:
+        """valid[num] / valid[den]; None when the denominator found no valid rate (below the lowest probe)."""
+        return valid[num] / valid[den] if valid[den] > 0 else None
+
+    ratios: dict[str, float | None] = {}
     for key in [k for k in valid if k.startswith("headroom_dynamic")]:
         suffix = key[len("headroom_dynamic"):]
-        ratios["dynamic_over_batch1" + suffix] = valid[key] / max(valid["headroom_batch1" + suffix], 1e-9)
+        ratios["dynamic_over_batch1" + suffix] = ratio(key, "headroom_batch1" + suffix)
         if "fastapi_transformers" in valid:
-            ratios["dynamic_over_fastapi" + suffix] = valid[key] / max(valid["fastapi_transformers"], 1e-9)
+            ratios["dynamic_over_fastapi" + suffix] = ratio(key, "fastapi_transformers")
     for key in [k for k in valid if k.startswith("variant_")]:
-        ratios[key + "_over_batch1"] = valid[key] / max(valid["headroom_batch1"], 1e-9)
+        ratios[key + "_over_batch1"] = ratio(key, "headroom_batch1")
     if "headroom_adaptive" in valid:
-        ratios["adaptive_over_dynamic"] = valid["headroom_adaptive"] / max(valid["headroom_dynamic"], 1e-9)
+        ratios["adaptive_over_dynamic"] = ratio("headroom_adaptive", "headroom_dynamic")
     noop_runs = runs[noop.name]
     noop_p50 = (statistics.median(float(r["single_stream_p50_ms"]) for r in noop_runs)  # type: ignore[arg-type]
                 if noop_runs else None)

@@ -8,7 +8,7 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import numpy as np
 import typer
@@ -148,9 +148,7 @@ def sim(
         return
     if validate:
         _validate(model, model_repository, profile, loads, capacity_per_s, duration, seed, overhead,
-                  calibration_queries, json_out,
-                  {"server_cpus": server_cpus, "generator_cpus": generator_cpus, "model_threads": model_threads,
-                   "host_cpu": host_cpu})
+                  calibration_queries, json_out, server_cpus, generator_cpus, model_threads, host_cpu)
         return
     try:
         prof = _profile(profile, service_ms, per_item_ms, distribution, service_cv)
@@ -192,7 +190,7 @@ def sim(
 
 def _validate(model: str, model_repository: Path, profile: str | None, loads: str, capacity_per_s: float,
               duration: float, seed: int, overhead: str, calibration_queries: int, json_out: Path | None,
-              pinning: dict[str, Any]) -> None:
+              server_cpus: str, generator_cpus: str, model_threads: int, host_cpu: bool) -> None:
     from headroom.sim.validate import ValidateConfig, report_table, run_validation
 
     console = Console(stderr=True)
@@ -200,7 +198,9 @@ def _validate(model: str, model_repository: Path, profile: str | None, loads: st
         fractions = tuple(float(x) for x in loads.split(",") if x.strip())
         cfg = ValidateConfig(model=model, model_repository=model_repository, profile_path=profile,
                              loads=fractions, capacity_per_s=capacity_per_s, duration_s=duration, seed=seed,
-                             overhead=overhead, calibration_queries=calibration_queries, **pinning)
+                             overhead=overhead, calibration_queries=calibration_queries,
+                             server_cpus=server_cpus, generator_cpus=generator_cpus, model_threads=model_threads,
+                             host_cpu=host_cpu)
         with console.status("validating ...") as status:
             def step(msg: str) -> None:
                 status.update(msg)

@@ -224,21 +224,24 @@ class TorchRunner:
 
     def execute(self, batch: ModelBatch) -> torch.Tensor:
         tuner = self._tuner
-        num_tokens = sum(len(it.token_ids) for it in batch.items) if tuner is not None else 0
-        if tuner is not None:
-            threads = choose_threads(self._tuner_state, tuner, num_tokens)
-            if threads != self._threads_now:  # set in the calling thread: OpenMP thread counts are per thread
-                torch.set_num_threads(threads)
-                self._threads_now = threads
+        if tuner is None:
+            return self._forward(batch)
+        num_tokens = sum(len(it.token_ids) for it in batch.items)
+        threads = choose_threads(self._tuner_state, tuner, num_tokens)
+        if threads != self._threads_now:  # set in the calling thread: OpenMP thread counts are per thread
+            torch.set_num_threads(threads)
+            self._threads_now = threads
         start = time.perf_counter()
+        out = self._forward(batch)
+        elapsed = time.perf_counter() - start
+        self._tuner_state = observe(self._tuner_state, tuner, num_tokens, threads, elapsed)
+        return out
+
+    def _forward(self, batch: ModelBatch) -> torch.Tensor:
         ids, pos, meta, logits_idx = build_metadata(batch, self.device)
         with torch.inference_mode():
             logits: torch.Tensor = self.model(ids, pos, self.kv_caches, meta, logits_idx)
-        out = logits.float().cpu()
-        if tuner is not None:
-            elapsed = time.perf_counter() - start
-            self._tuner_state = observe(self._tuner_state, tuner, num_tokens, self._threads_now, elapsed)
-        return out
+        return logits.float().cpu()
 
     def _paged(self, cache: torch.Tensor) -> torch.Tensor:
         """[Hkv, slots, D] viewed as [Hkv, blocks, block size, D]."""

@@ -184,17 +184,11 @@ class Scheduler:
         return victims
 
     def _draft(self, req: Request, num_new: int, budget: int) -> tuple[int, ...]:
-        """This step's proposed drafts for a one-token decode of an eligible request, trimmed to the budget."""
-        k = self.limits.num_speculative_tokens
-        if k <= 0 or num_new != 1 or not can_speculate(req.params):
+        """This step's drafts for a one-token decode (proposed and capped in `_propose_all`), trimmed to what the
+        step's budget leaves after the decoded token."""
+        if num_new != 1:
             return ()
-        room = min(
-            k,
-            budget - 1,
-            req.params.max_tokens - req.num_output_tokens - 1,
-            self.limits.max_model_len - len(req.token_ids) - 1,
-        )
-        return self._drafts.get(req.request_id, ())[: max(0, room)]
+        return self._drafts.get(req.request_id, ())[: max(0, budget - 1)]
 
     def _propose_all(self) -> dict[str, tuple[int, ...]]:
         """One batched proposer call for every running one-token decode that may speculate (budget-blind:

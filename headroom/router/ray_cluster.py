@@ -13,13 +13,14 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from headroom.router.replicas import free_port
 
 log = logging.getLogger("headroom.ray_replicas")
 
@@ -109,8 +110,8 @@ class ReplicaProcess:
         if self._proc is not None:
             raise RuntimeError("this replica actor already runs a process")
         bind = host or self.node_ip()
-        port = _free_port(bind)
-        grpc_port = _free_port(bind) if grpc else -1
+        port = free_port(bind)
+        grpc_port = free_port(bind) if grpc else -1
         with self._log_path.open("wb") as log_file:
             self._proc = subprocess.Popen(list(command(bind, port, grpc_port)), stdout=log_file, stderr=log_file,
                                           stdin=subprocess.DEVNULL, start_new_session=True,
@@ -131,8 +132,3 @@ class ReplicaProcess:
         except OSError:
             return "(no log)"
 
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])

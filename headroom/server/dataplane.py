@@ -405,15 +405,16 @@ async def _race_disconnect(submit: Coroutine[Any, Any, BatchResult], disconnecte
     current = asyncio.current_task()
     if current is None:
         raise RuntimeError("_race_disconnect must run inside a task")
-    state = {"gone": False, "finished": False}
+    gone = finished = False
 
     def on_watcher_done(watcher: asyncio.Future[None]) -> None:
+        nonlocal gone
         if watcher.cancelled():
             return
         watcher.exception()  # retrieved: a receive() that failed means the connection is gone too
-        if state["finished"]:
+        if finished:
             return
-        state["gone"] = True
+        gone = True
         current.cancel()
 
     watcher = asyncio.ensure_future(disconnected())
@@ -421,10 +422,10 @@ async def _race_disconnect(submit: Coroutine[Any, Any, BatchResult], disconnecte
     try:
         return await submit
     except asyncio.CancelledError:
-        if not state["gone"]:
+        if not gone:
             raise
         current.uncancel()
         raise Cancelled(f"client disconnected; request to '{name}' dropped") from None
     finally:
-        state["finished"] = True
+        finished = True
         watcher.cancel()

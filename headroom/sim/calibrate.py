@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from headroom.loadgen.clients import ClientConfig
 from headroom.loadgen.runner import BenchConfig, run_bench
 from headroom.loadgen.scrape import parse_prometheus_text
 from headroom.loadgen.workloads import WorkloadSpec
+from headroom.router.replicas import free_port
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +66,6 @@ class RunningServer:
 
     url: str  # http://127.0.0.1:PORT
     pid: int  # its process id (for /proc CPU time)
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (bound and released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def process_cpu_s(pid: int) -> float:
