@@ -31,6 +31,8 @@ models: $(STAMP)
 	$(BIN)/headroom build-models --model-repository $(MODELS)
 
 serve: models
+	@# bytecode for the package (an editable install has none; a start without it recompiles every module)
+	$(BIN)/python -m compileall -q headroom
 	$(BIN)/headroom serve --host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --model-repository $(MODELS)
 
 browser:

@@ -13,18 +13,23 @@ The counts restart when a model is reloaded (a counter reset, which Prometheus' 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from headroom.lifecycle.cascade import CascadeModel
 from headroom.models.base import Model
+
+if TYPE_CHECKING:
+    from headroom.lifecycle.cascade import CascadeModel
 
 ServedModels = Callable[[], Iterable[tuple[str, str, Model]]]  # -> (model name, version, loaded model)
 
 
 def cascade_of(model: Model) -> CascadeModel | None:
     """The CascadeModel a served model runs (itself, or the `cascade` of a DigitsCascadeModel), if any."""
+    from headroom.lifecycle.cascade import CascadeModel  # here: it imports the digits model (onnxruntime)
+
     if isinstance(model, CascadeModel):
         return model
     inner = getattr(model, "cascade", None)

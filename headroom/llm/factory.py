@@ -6,7 +6,7 @@
     gguf: ...                      # alias of `model`
     cache_dir: ~/.cache/headroom   # where GGUF conversions are kept (default $HEADROOM_CACHE_DIR or that)
     served_model_name: smollm2     # the OpenAI model id (default: the model directory's name)
-    warmup_tokens: 4               # a short generation at start-up (0 = none)
+    warmup_tokens: 2               # a short generation at start-up: prefill + one decode step (0 = none)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class LLMService:
         self.engine_config = EngineConfig.from_parameters(params)
         cache = params.get("cache_dir")
         self.cache_root = Path(str(cache)).expanduser() / "llm" if cache else None
-        self.warmup_tokens = int(params.get("warmup_tokens", 4))
+        self.warmup_tokens = int(params.get("warmup_tokens", 2))
         self.name = str(params.get("served_model_name") or config.name)
         self.metrics = LLMMetrics(registry, self.name)
         self.serving = OpenAIServing(self.name, max_model_len=self.engine_config.max_model_len)

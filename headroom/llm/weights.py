@@ -2,12 +2,13 @@
 
 The first load of a GGUF converts it once into a cache directory (default `~/.cache/headroom/llm/`, or
 `$HEADROOM_CACHE_DIR/llm/`): `model.safetensors` with Hugging Face tensor names, `config.json` (our
-DecoderConfig), `tokenizer.json` and `tokenizer_config.json` (chat template, special tokens), and
-`model.int8.safetensors`: the fused projections' int8 weights and scales (`quant.int8_state_dict`, written
-once, also into a cache converted before it existed), so `weight_dtype: int8` starts without quantising.
-Later loads memory-map both files; the int8 tensors join the state dict under `headroom.int8.*` keys (model
-loaders ignore them; `build_model` keeps them for `prepare_model`). Every stage is timed
-(`LoadedCheckpoint.stages_s`).
+DecoderConfig), `tokenizer.json` and `tokenizer_config.json` (chat template, special tokens), `source` (the
+GGUF's path: a new conversion of the same file removes the stale older ones, `prune_stale_conversions`),
+and `model.int8.safetensors`: the fused projections' int8 weights and scales (`quant.int8_state_dict`,
+written once, also into a cache converted before it existed), so `weight_dtype: int8` starts without
+quantising. Later loads memory-map both weight files; the int8 tensors join the state dict under
+`headroom.int8.*` keys (model loaders ignore them; `build_model` keeps them for `prepare_model`). Every stage
+is timed (`LoadedCheckpoint.stages_s`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from headroom.llm.config import DecoderConfig
 
 GGUF_ARCHES = ("llama", "qwen2")
 INT8_FILE = "model.int8.safetensors"  # cached int8 weights next to a converted GGUF's model.safetensors
+SOURCE_FILE = "source"  # in a conversion: the resolved path of the GGUF it came from
 log = logging.getLogger("headroom.llm")
 
 
@@ -104,6 +106,8 @@ def load_checkpoint(spec: str, cache_root: Path | None = None) -> LoadedCheckpoi
         with _stage(stages, "convert_gguf"):
             _convert_gguf(path, cache)
         log.info("converted in %.1f s", stages["convert_gguf"])
+        for old in prune_stale_conversions(root, path.resolve(), cache):
+            log.info("removed %s: a conversion of an older version of %s", old, path)
     if not (cache / INT8_FILE).exists():
         with _stage(stages, "quantize_int8"):
             try:
@@ -113,6 +117,26 @@ def load_checkpoint(spec: str, cache_root: Path | None = None) -> LoadedCheckpoi
     ckpt = _load_converted(cache, stages)
     ckpt.cache_dir = cache
     return ckpt
+
+
+def prune_stale_conversions(root: Path, source: Path, keep: Path) -> list[Path]:
+    """Delete the conversions under `root` of an earlier version of the same GGUF file (same resolved path,
+    other size or mtime: a reinstalled package, an edited file) except `keep`; returns what was removed.
+    Each is ~0.5-0.7 GB, and nothing reads them again. Conversions of other files, ones in progress and ones
+    made before the source was recorded are left alone. A process still memory-mapping one keeps working
+    (the files stay readable until unmapped)."""
+    removed: list[Path] = []
+    for candidate in sorted(root.glob(f"{source.stem}-*")):
+        if candidate == keep or not candidate.is_dir() or not (candidate / "done").exists():
+            continue
+        try:
+            recorded = (candidate / SOURCE_FILE).read_text().strip()
+        except OSError:
+            continue
+        if recorded == str(source):
+            shutil.rmtree(candidate, ignore_errors=True)
+            removed.append(candidate)
+    return removed
 
 
 def _load_converted(cache: Path, stages: dict[str, float]) -> LoadedCheckpoint:
@@ -268,6 +292,7 @@ def _convert_gguf(path: Path, cache: Path) -> None:
     save_file(gguf_state_dict(reader, cfg, arch), str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps(cfg.to_json(), indent=1))
     _convert_gguf_tokenizer(path, reader, tmp)
+    (tmp / SOURCE_FILE).write_text(str(path.resolve()))
     (tmp / "done").write_text("ok\n")
     shutil.rmtree(cache, ignore_errors=True)
     tmp.rename(cache)

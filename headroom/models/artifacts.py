@@ -11,9 +11,11 @@ refused unless the model's config sets `parameters: {allow_pickle: true}`.
 
 from __future__ import annotations
 
+import importlib
 import importlib.resources
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
 PACKAGE_PREFIX = "package:"
@@ -67,3 +69,18 @@ def int_parameter(parameters: Mapping[str, object], key: str, default: int, wher
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ModelLoadError(f"{where}.parameters.{key}: expected an integer >= 0, got {value!r}")
     return value
+
+
+def import_object(ref: str, where: str) -> Any:
+    """Import `package.module:Name`; raises ModelLoadError explaining the expected form."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ModelLoadError(f"{where}: {ref!r} must look like 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelLoadError(f"{where}: cannot import {module_name!r} ({exc}); is it installed?") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ModelLoadError(f"{where}: module {module_name!r} has no attribute {attr!r}") from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from headroom.llm.model import build_model
-from headroom.llm.runner import BatchItem, ModelBatch, TorchRunner, build_metadata, cpu_threads
+from headroom.llm.runner import BatchItem, ModelBatch, TorchRunner, build_metadata, cpu_threads, zeroed_tensors
 from tests.llm.conftest import TINY, TINY_ENGINE
 
 
@@ -46,3 +46,25 @@ def test_mixed_step_attends_decodes_and_chunks_in_separate_groups_with_the_same_
     _, _, meta, _ = build_metadata(decode_only, torch.device("cpu"))
     assert len(meta.groups) == 1 and meta.groups[0].query_slice == (0, 2) and meta.padded_is_flat
     torch.testing.assert_close(runner.execute(decode_only), alone[[0, 6]], rtol=1e-5, atol=1e-5)
+
+
+def test_kv_pool_on_cpu_is_zeroed_views_of_one_mapping_that_do_not_alias() -> None:
+    pool = zeroed_tensors((2, 48, 8), 4, torch.float32, torch.device("cpu"))
+    assert len(pool) == 4 and all(t.shape == (2, 48, 8) and t.is_contiguous() for t in pool)
+    assert all(float(t.abs().sum()) == 0.0 for t in pool)  # zero pages: attention never reads garbage
+    pool[1].fill_(3.0)
+    pool[2][0, 5].fill_(1.0)
+    assert float(pool[0].abs().sum()) == 0.0 and float(pool[3].abs().sum()) == 0.0  # neighbours untouched
+    assert float(pool[1].sum()) == 2 * 48 * 8 * 3.0 and float(pool[2].sum()) == 8.0
+    half = zeroed_tensors((3, 5), 2, torch.bfloat16, torch.device("cpu"))
+    assert half[0].dtype == torch.bfloat16 and float(half[1].float().sum()) == 0.0
+
+
+def test_runner_kv_caches_start_at_zero(tiny_state: dict[str, torch.Tensor]) -> None:
+    runner = TorchRunner(build_model(TINY, tiny_state, torch.device("cpu"), torch.float32), TINY_ENGINE)
+    assert len(runner.kv_caches) == TINY.num_hidden_layers
+    for k, v in runner.kv_caches:
+        assert k.shape == v.shape and float(k.abs().sum()) == 0.0 and float(v.abs().sum()) == 0.0
+    k0, v0 = runner.kv_caches[0]
+    k0.fill_(1.0)
+    assert float(v0.abs().sum()) == 0.0 and float(runner.kv_caches[1][0].abs().sum()) == 0.0

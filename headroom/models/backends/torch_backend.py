@@ -21,7 +21,6 @@ declared outputs in order; a dict maps by name.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,6 +31,7 @@ from safetensors.torch import load_file
 
 from headroom.models.artifacts import (
     ModelLoadError,
+    import_object,
     int_parameter,
     pickle_allowed,
     refuse_pickle,
@@ -45,21 +45,6 @@ from headroom.models.backends.compiled import (
     save_artifacts,
 )
 from headroom.models.base import Arrays, LoadContext, Model
-
-
-def import_object(ref: str, where: str) -> Any:
-    """Import `package.module:Name`; raises ModelLoadError explaining the expected form."""
-    module_name, sep, attr = ref.partition(":")
-    if not sep or not module_name or not attr:
-        raise ModelLoadError(f"{where}: {ref!r} must look like 'package.module:ClassName'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ModelLoadError(f"{where}: cannot import {module_name!r} ({exc}); is it installed?") from None
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ModelLoadError(f"{where}: module {module_name!r} has no attribute {attr!r}") from None
 
 
 def apply_num_threads(parameters: Mapping[str, object], where: str) -> None:
