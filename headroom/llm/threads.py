@@ -8,7 +8,10 @@ powers of two), a running mean of seconds per token for each thread count, uses 
 and then runs a step with the other to notice when the load changes. It starts from a fixed prior (every
 CPU for steps of at least `wide_step_min_tokens` tokens, 1 thread below), so nothing is explored blindly.
 Exploration is rarer the worse the alternative measured (every `explore_every_steps` x ratio steps), which
-bounds its cost to about 1/`explore_every_steps` of a step.
+bounds its cost to about `explore_run_steps`/`explore_every_steps` of a step. An exploration runs the other
+count for `explore_run_steps` consecutive steps, and the first step after any change of thread count is not
+measured: waking or parking OpenMP workers made that step ~10 ms (~20%) slower here, which biased a one-step
+probe against the wider team and kept single-sequence decode on 1 thread on a quiet machine.
 """
 
 from __future__ import annotations
@@ -23,15 +26,19 @@ class ThreadTunerConfig:
 
     candidates: tuple[int, ...]  # thread counts it chooses between, e.g. (1, 2)
     wide_step_min_tokens: int = 32  # prior: steps of at least this many tokens start at the widest candidate
-    explore_every_steps: int = 64  # per bucket, one step in this many (x the measured ratio) tries the other
+    explore_every_steps: int = 64  # per bucket, a burst in this many steps (x the measured ratio) tries the other
     ewma_alpha: float = 0.25  # weight of a new measurement in the running mean
+    explore_run_steps: int = 3  # steps per exploration burst (the first one, right after the switch, is not measured)
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot work."""
         if not self.candidates or min(self.candidates) < 1:
             raise ValueError("thread candidates must be >= 1")
-        if self.explore_every_steps < 2 or not 0.0 < self.ewma_alpha <= 1.0:
-            raise ValueError("explore_every_steps must be >= 2 and ewma_alpha in (0, 1]")
+        if not 2 <= self.explore_run_steps < self.explore_every_steps or not 0.0 < self.ewma_alpha <= 1.0:
+            raise ValueError(
+                "need 2 <= explore_run_steps < explore_every_steps (the first step after a switch is not "
+                "measured) and ewma_alpha in (0, 1]"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +48,7 @@ class ThreadTunerState:
     # (bucket, threads) -> running mean of seconds per token of steps run with that many threads
     mean_s_per_token: Mapping[tuple[int, int], float] = field(default_factory=dict)
     steps: Mapping[int, int] = field(default_factory=dict)  # bucket -> steps seen in it
+    last_threads: int = 0  # thread count of the previous step (0 = none yet): a step after a change is not measured
 
 
 def bucket_of(num_tokens: int) -> int:
@@ -66,7 +74,7 @@ def choose_threads(state: ThreadTunerState, cfg: ThreadTunerConfig, num_tokens: 
     alt = min(others, key=lambda c: (c in means, means.get(c, 0.0)))
     ratio = means[alt] / means[best] if alt in means and means[best] > 0 else 1.0
     period = int(cfg.explore_every_steps * max(1.0, min(ratio, 16.0)))
-    return alt if n % period == period - 1 else best
+    return alt if n % period >= period - cfg.explore_run_steps else best
 
 
 def observe(
@@ -74,11 +82,13 @@ def observe(
 ) -> ThreadTunerState:
     """The state after a step of `num_tokens` tokens ran with `threads` threads in `elapsed_s` seconds."""
     b = bucket_of(num_tokens)
+    steps = dict(state.steps)
+    steps[b] = steps.get(b, 0) + 1
+    if threads != state.last_threads:  # the team was just resized: this step's time is not representative
+        return replace(state, steps=steps, last_threads=threads)
     per_token = elapsed_s / max(num_tokens, 1)
     old = state.mean_s_per_token.get((b, threads))
     new = per_token if old is None else old + cfg.ewma_alpha * (per_token - old)
     means = dict(state.mean_s_per_token)
     means[(b, threads)] = new
-    steps = dict(state.steps)
-    steps[b] = steps.get(b, 0) + 1
     return replace(state, mean_s_per_token=means, steps=steps)
