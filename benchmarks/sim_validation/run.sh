@@ -5,6 +5,10 @@
 #   defaults: sleep 30. MODEL `sleep` lives in benchmarks/sim_validation/models (CPU-free compute: isolates the
 #   queueing and batching the simulator models); other names come from ./models (minilm, digits, noop).
 # Writes benchmarks/results/sim_validation_<date>_<MODEL>[_<TAG>].json and prints the comparison table.
+# Calibration (defaults): 200 single-stream requests, then 15 s open loop at 0.15 of capacity
+# (--calibration-load / --calibration-duration; the in-service slowdown and the judged costs come from it),
+# and after the loads a 600-request closed-loop saturation check (--saturation-queries 0 to skip).
+# minilm, pinned, 20 s per load: about 2.5 minutes.
 # Quiet the machine first: other processes on the cores add latency the simulator does not model
 # (the load average is recorded in the JSON as environment.load_average).
 set -euo pipefail

@@ -99,6 +99,14 @@ def sim(
     host_cpu_ms: Annotated[float, typer.Option(help="Host CPU (ms) each arrival takes from the model's cores: "
                                                "HTTP, JSON, preprocessing on the same cores stretch every batch "
                                                "(docs/sim.md, host CPU sharing). 0 = a dedicated core.")] = 0.0,
+    host_cpu_per_batch_ms: Annotated[float, typer.Option(help="Host CPU (ms) the front end spends on the model's "
+                                                         "cores each time a batch completes (event-loop wake-up, "
+                                                         "futures); it delays the next batch if one starts before "
+                                                         "it is done (docs/sim.md). 0 = none.")] = 0.0,
+    service_time_scale: Annotated[float, typer.Option(help="Multiply every batch's profile time by this "
+                                                      "in-service slowdown (what `--validate` measures: batch "
+                                                      "time in the loaded server / the isolated profile; docs/"
+                                                      "sim.md). 1 = the profile as is.")] = 1.0,
     shared_queue: Annotated[bool, typer.Option(help="One queue for all replicas (M/M/c) instead of a "
                                                "router.")] = False,
     router: Annotated[str, typer.Option(help=" | ".join(ROUTERS))] = "round_robin",
@@ -142,13 +150,28 @@ def sim(
                                            "per-request host CPU (measured at calibration) sharing the model's "
                                            "cores, and take the load fractions of the capacity that implies "
                                            "(docs/sim.md).")] = True,
+    calibration_load: Annotated[float, typer.Option(help="--validate: run an open-loop calibration pass at this "
+                                                    "fraction of the capacity the single-stream costs imply (or "
+                                                    "of --capacity-per-s; apart from --loads): the "
+                                                    "judged per-request cost, host CPU and in-service slowdown "
+                                                    "(batch time in the loaded server / profile) come from it. "
+                                                    "0 = skip it (single-stream costs, no slowdown).")] = 0.15,
+    calibration_duration: Annotated[float, typer.Option(help="--validate: seconds of that calibration "
+                                                        "pass.")] = 15.0,
+    saturation_queries: Annotated[int, typer.Option(help="--validate: calibration pass of this many requests, "
+                                                    "closed loop at 2 x max batch in flight: the throughput the "
+                                                    "server really sustains (reported against the effective "
+                                                    "capacity) and the host CPU per request at full batches, which "
+                                                    "splits host CPU into per-request and per-batch work. "
+                                                    "0 = skip (all host CPU per request).")] = 600,
 ) -> None:
     """Simulate one deployment and print P50/P95/P99, measured QPS, utilisation, queue, completed, rejected."""
     if ctx.invoked_subcommand is not None:
         return
     if validate:
         _validate(model, model_repository, profile, loads, capacity_per_s, duration, seed, overhead,
-                  calibration_queries, json_out, server_cpus, generator_cpus, model_threads, host_cpu)
+                  calibration_queries, json_out, server_cpus, generator_cpus, model_threads, host_cpu,
+                  calibration_load, calibration_duration, saturation_queries)
         return
     try:
         prof = _profile(profile, service_ms, per_item_ms, distribution, service_cv)
@@ -162,7 +185,9 @@ def sim(
         cfg = SimConfig(replicas=replicas, batching=batching, policy=policy, shared_queue=shared_queue,
                         router=router, max_queue=max_queue, timeout_s=timeout_ms / 1e3 if timeout_ms > 0 else math.inf,
                         autoscale=scaler, autoscale_interval_s=autoscale_interval_s, cold_start_s=cold_start_s,
-                        warmup_s=warmup_s, host_cpu_per_request_s=host_cpu_ms / 1e3, seed=seed)
+                        warmup_s=warmup_s, host_cpu_per_request_s=host_cpu_ms / 1e3,
+                        host_cpu_per_batch_s=host_cpu_per_batch_ms / 1e3, service_time_scale=service_time_scale,
+                        seed=seed)
         spec = ArrivalSpec(kind=arrival, rate_per_s=rate, duration_s=duration, cv=arrival_cv,
                            end_rate_per_s=end_rate)
         arrivals = make_schedule(spec, np.random.default_rng(seed))
@@ -173,7 +198,8 @@ def sim(
         raise typer.Exit(code=2) from exc
     payload = {"config": {"rate_per_s": rate, "duration_s": duration, "arrival": arrival, "replicas": replicas,
                           "batching": batching, "max_batch_size": max_batch_size, "profile": prof.name,
-                          "host_cpu_ms": host_cpu_ms},
+                          "host_cpu_ms": host_cpu_ms, "host_cpu_per_batch_ms": host_cpu_per_batch_ms,
+                          "service_time_scale": service_time_scale},
                "metrics": result.summary(),
                "replica_timeline": [list(p) for p in result.replica_timeline]}
     if json_out is not None and str(json_out) == "-":
@@ -190,8 +216,11 @@ def sim(
 
 def _validate(model: str, model_repository: Path, profile: str | None, loads: str, capacity_per_s: float,
               duration: float, seed: int, overhead: str, calibration_queries: int, json_out: Path | None,
-              server_cpus: str, generator_cpus: str, model_threads: int, host_cpu: bool) -> None:
-    from headroom.sim.validate import ValidateConfig, report_table, run_validation
+              server_cpus: str, generator_cpus: str, model_threads: int, host_cpu: bool,
+              calibration_load: float = 0.15, calibration_duration: float = 15.0,
+              saturation_queries: int = 600) -> None:
+    from headroom.sim.validate import ValidateConfig, run_validation
+    from headroom.sim.validate_table import report_table
 
     console = Console(stderr=True)
     try:
@@ -200,7 +229,8 @@ def _validate(model: str, model_repository: Path, profile: str | None, loads: st
                              loads=fractions, capacity_per_s=capacity_per_s, duration_s=duration, seed=seed,
                              overhead=overhead, calibration_queries=calibration_queries,
                              server_cpus=server_cpus, generator_cpus=generator_cpus, model_threads=model_threads,
-                             host_cpu=host_cpu)
+                             host_cpu=host_cpu, calibration_load=calibration_load,
+                             calibration_duration_s=calibration_duration, saturation_queries=saturation_queries)
         with console.status("validating ...") as status:
             def step(msg: str) -> None:
                 status.update(msg)

@@ -234,6 +234,15 @@ class TorchRunner:
         pool = zeroed_tensors(shape, 2 * cfg.num_hidden_layers, self.dtype, self.device)
         self.kv_caches = [(pool[2 * i], pool[2 * i + 1]) for i in range(cfg.num_hidden_layers)]
 
+    @property
+    def threads_now(self) -> int:
+        """The intra-op thread count the last step ran with (0 = never set by this runner)."""
+        return self._threads_now
+
+    def tuner_means(self) -> dict[tuple[int, int], float]:
+        """The thread tuner's running means, (step-size bucket, threads) -> seconds per token (empty: no tuner)."""
+        return dict(self._tuner_state.mean_s_per_token)
+
     def execute(self, batch: ModelBatch) -> torch.Tensor:
         tuner = self._tuner
         if tuner is None:

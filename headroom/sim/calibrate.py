@@ -1,7 +1,8 @@
-"""`headroom sim --validate`, steps 2-3: the real server in a subprocess and the single-stream calibration.
+"""`headroom sim --validate`, steps 2-3: the real server in a subprocess and the calibration passes.
 
-Calibration is a closed-loop run, one request at a time, so nothing queues and nothing overlaps. It gives
-what the simulator does not model as queueing and batching:
+Calibration is either a closed-loop run, one request at a time, so nothing queues and nothing overlaps, or
+an open-loop Poisson run at a low rate (`rate_per_s`), the bench's own conditions where requests rarely
+queue. Either gives what the simulator does not model as queueing and batching:
 
 * the fixed per-request cost (HTTP, JSON, validation, preprocessing, response, client): the median of
   ``latency - Server-Timing queue - Server-Timing compute``, minus the per-batch cost;
@@ -13,13 +14,16 @@ what the simulator does not model as queueing and batching:
   runtime's intra-op pool threads; /proc/PID/task/TID/stat), divided by the requests served. That is the
   event loop (HTTP, JSON, validation, response) and the preprocessing pool: the work that, under load, runs
   on the model's cores while batches run (`headroom.sim.cpu_share`). Thread CPU time does not depend on
-  how long other processes kept a thread waiting, so this holds on a busy machine too.
+  how long other processes kept a thread waiting, so this holds on a busy machine too;
+* the executor time per batch and the mean batch size (`busy_per_batch_s`, `mean_batch_size`): against the
+  isolated profile they give the in-service slowdown (`headroom.sim.slowdown`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import subprocess
 import sys
@@ -32,6 +36,7 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
+from headroom.loadgen.arrivals import ArrivalSpec
 from headroom.loadgen.clients import ClientConfig
 from headroom.loadgen.runner import BenchConfig, run_bench
 from headroom.loadgen.scrape import parse_prometheus_text
@@ -52,6 +57,10 @@ class Overhead:
     server_cpu_s: float = 0.0  # server process CPU seconds over the calibration run (all threads)
     batch_threads_cpu_s: float = 0.0  # of which the threads that run batches (executor + intra-op pool)
     requests: int = 0  # requests the server served in the calibration run (warm-up included)
+    batches: int = 0  # batches the server executed in the calibration run (warm-up included)
+    busy_per_batch_s: float = 0.0  # mean executor time per batch (predict + collate/split), the server's own
+    mean_batch_size: float = 0.0  # items per batch in the calibration run
+    rate_per_s: float = 0.0  # open-loop Poisson rate of the run; 0 = single-stream closed loop
 
     def draw(self, count: int, rng: np.random.Generator) -> npt.NDArray[np.float64]:
         """`count` per-request costs resampled from the calibration run (the fixed cost if none)."""
@@ -103,6 +112,19 @@ def _top_threads(before: dict[int, float], after: dict[int, float], pid: int, th
 def batch_threads_cpu_s(before: dict[int, float], after: dict[int, float], pid: int, threads: int) -> float:
     """CPU of the `threads` non-main threads that burned the most between two `thread_cpu_s` readings."""
     return sum(after[t] - before.get(t, 0.0) for t in _top_threads(before, after, pid, threads))
+
+
+@contextlib.contextmanager
+def settled_gc() -> Iterator[None]:
+    """Around a measured run in this process (the load generator): collect the previous passes' garbage first
+    and freeze what survives, so that a gen-2 collection over it cannot stall the generator's event loop
+    mid-run (an open-loop generator counts its own stalls in latency); unfreeze afterwards."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @contextlib.contextmanager
@@ -193,18 +215,32 @@ def usage_between(before: ServerReading, after: ServerReading, pid: int, model_t
 
 
 def calibrate(server: RunningServer, model: str, workload: WorkloadSpec, queries: int, seed: int,
-              model_threads: int = 1) -> Overhead:
-    """Single-stream closed loop: the fixed per-request and per-batch costs and the host CPU per request.
+              model_threads: int = 1, rate_per_s: float = 0.0, duration_s: float = 0.0) -> Overhead:
+    """The fixed per-request and per-batch costs, the host CPU per request and the executor time per batch.
 
+    `rate_per_s` 0: single-stream closed loop, `queries` requests (nothing queues, nothing overlaps; the
+    generator idles while the server computes). `rate_per_s` > 0: open-loop Poisson at that rate for
+    `duration_s` seconds (the conditions of the bench: idle gaps between batches, the generator sending while
+    the server computes, latency from the intended send time); keep the rate low so that requests rarely queue.
     `model_threads`: how many server threads run batches (the executor thread plus the runtime's intra-op
     pool: the intra-op thread count for onnxruntime and torch, 1 otherwise).
     """
+    if rate_per_s < 0 or (rate_per_s > 0 and duration_s <= 0):
+        raise ValueError(f"an open-loop calibration needs rate_per_s > 0 and duration_s > 0, got {rate_per_s}, "
+                         f"{duration_s}")
     before = read_server(server, model)
-    cfg = BenchConfig(client=ClientConfig(url=server.url, model=model, http_client="aiohttp"),
-                      scenario="single-stream", closed_concurrency=1, num_queries=queries, duration_s=3600.0,
-                      workload=workload, metrics_url="none", warmup_queries=min(20, queries), seed=seed,
-                      label="calibration")
-    outcome = asyncio.run(run_bench(cfg))
+    client = ClientConfig(url=server.url, model=model, http_client="aiohttp")
+    if rate_per_s > 0:
+        cfg = BenchConfig(client=client, scenario="server", duration_s=duration_s, workload=workload,
+                          arrival=ArrivalSpec(kind="poisson", rate_per_s=rate_per_s, duration_s=duration_s),
+                          metrics_url="none", warmup_queries=min(20, queries), seed=seed,
+                          label="calibration (open loop)")
+    else:
+        cfg = BenchConfig(client=client, scenario="single-stream", closed_concurrency=1, num_queries=queries,
+                          duration_s=3600.0, workload=workload, metrics_url="none", warmup_queries=min(20, queries),
+                          seed=seed, label="calibration")
+    with settled_gc():
+        outcome = asyncio.run(run_bench(cfg))
     used = usage_between(before, read_server(server, model), server.pid, model_threads)
     rest, lat, comp = [], [], []
     for r in outcome.collector.records:
@@ -223,4 +259,28 @@ def calibrate(server: RunningServer, model: str, workload: WorkloadSpec, queries
                     single_stream_p50_s=float(np.median(lat)), single_stream_compute_p50_s=float(np.median(comp)),
                     samples_s=tuple(max(0.0, v - per_batch) for v in rest),
                     host_cpu_per_request_s=used["host_cpu_per_item_s"], server_cpu_s=used["cpu_s"],
-                    batch_threads_cpu_s=used["batch_threads_cpu_s"], requests=int(used["items"]))
+                    batch_threads_cpu_s=used["batch_threads_cpu_s"], requests=int(used["items"]),
+                    batches=int(batches), busy_per_batch_s=busy / batches if batches > 0 else 0.0,
+                    mean_batch_size=used["items"] / batches if batches > 0 else 0.0, rate_per_s=rate_per_s)
+
+
+def saturation(server: RunningServer, model: str, workload: WorkloadSpec, concurrency: int, queries: int, seed: int,
+               model_threads: int = 1) -> dict[str, float]:
+    """Closed loop with `concurrency` workers (>= 2 x B_max keeps full batches queued): the throughput the
+    server really sustains, with the host CPU per request, executor time per batch and mean batch size there
+    (the host CPU per request at full batches feeds `cpu_share.split_host_cpu`; the throughput is reported
+    against the calibrated capacity)."""
+    if concurrency < 1 or queries < 1:
+        raise ValueError(f"concurrency and queries must be >= 1, got {concurrency}, {queries}")
+    before = read_server(server, model)
+    cfg = BenchConfig(client=ClientConfig(url=server.url, model=model, http_client="aiohttp"),
+                      scenario="single-stream", closed_concurrency=concurrency, num_queries=queries,
+                      duration_s=3600.0, workload=workload, metrics_url="none",
+                      warmup_queries=min(concurrency, queries), seed=seed, label="saturation")
+    outcome = asyncio.run(run_bench(cfg))
+    used = usage_between(before, read_server(server, model), server.pid, model_threads)
+    b = used["batches"]
+    return {"throughput_per_s": float(outcome.result["throughput"]["requests_per_s"]),
+            "errors": float(outcome.result["counts"]["errors"]), "concurrency": float(concurrency),
+            "host_cpu_per_request_s": used["host_cpu_per_item_s"],
+            "busy_per_batch_s": used["busy_s"] / b if b else 0.0, "mean_batch_size": used["items"] / b if b else 0.0}

@@ -32,6 +32,12 @@ class SimConfig:
     warmup_s: float = 0.0  # requests arriving before this are served but left out of the metrics
     host_cpu_per_request_s: float = 0.0  # model seconds lost per arrival to the server's host work on the
     #   model's cores (HTTP, JSON, preprocessing); stretches batches event by event (headroom.sim.cpu_share)
+    host_cpu_per_batch_s: float = 0.0  # host work on the model's cores each time a batch completes (event-loop
+    #   wake-up, resolving the batch's futures, the batcher's turn): queued with the arrivals' host work, it
+    #   preempts the next batch (headroom.sim.cpu_share); seconds per batch
+    service_time_scale: float = 1.0  # multiplier (dimensionless ratio) on every batch's service time from the
+    #   profile: the in-service slowdown measured on the real server under open-loop load against the isolated
+    #   profile (`headroom sim --validate`, calibration pass); applied before the host-CPU stretch
     seed: int = 0  # seeds arrivals, service-time noise, routing and LLM output lengths
 
     def __post_init__(self) -> None:
@@ -47,6 +53,17 @@ class SimConfig:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if not 0 <= self.host_cpu_per_request_s < math.inf:
             raise ValueError(f"host_cpu_per_request_s must be >= 0 and finite, got {self.host_cpu_per_request_s}")
+        if not 0 <= self.host_cpu_per_batch_s < math.inf:
+            raise ValueError(f"host_cpu_per_batch_s must be >= 0 and finite, got {self.host_cpu_per_batch_s}")
+        if self.host_cpu_per_batch_s > 0 and self.batching == "continuous":
+            raise ValueError("host_cpu_per_batch_s is charged per whole batch; continuous batching is not modelled "
+                             "with it: set it to 0")
+        if not 0 < self.service_time_scale < math.inf:
+            raise ValueError(f"service_time_scale must be > 0 and finite (1 = the profile as measured), "
+                             f"got {self.service_time_scale}")
+        if self.service_time_scale != 1.0 and self.batching == "continuous":
+            raise ValueError("service_time_scale scales whole batches; continuous batching's iterations use the "
+                             "profile's llm section: set it to 1")
         if self.host_cpu_per_request_s > 0 and self.batching == "continuous":
             raise ValueError("host_cpu_per_request_s stretches whole batches; continuous batching's iterations are "
                              "not modelled with it: use none/static/dynamic/adaptive or set it to 0")

@@ -60,9 +60,9 @@ def batch_end_s(start_s: float, work_s: float, arrivals_s: Sequence[float], back
     no host work is pending; `backlog` must already be advanced to `start_s` (see `advance`)."""
     if work_s < 0 or cost_s < 0:
         raise ValueError(f"work_s and cost_s must be >= 0, got {work_s}, {cost_s}")
-    if cost_s == 0:
-        return start_s + work_s
     busy_until = max(backlog.host_free_s, start_s)  # the model cannot run before this
+    if cost_s == 0:
+        return busy_until + work_s
     remaining = work_s
     i, n = backlog.next_arrival, len(arrivals_s)
     while True:
@@ -76,6 +76,14 @@ def batch_end_s(start_s: float, work_s: float, arrivals_s: Sequence[float], back
         remaining -= release - busy_until
         busy_until = release + cost_s
         i += 1
+
+
+def add_work(backlog: HostBacklog, now_s: float, work_s: float) -> HostBacklog:
+    """Queue `work_s` seconds of host work released at `now_s` (e.g. the front end's work when a batch completes)
+    behind the host work already pending; `backlog` must already be advanced to `now_s`."""
+    if work_s < 0:
+        raise ValueError(f"work_s must be >= 0, got {work_s}")
+    return HostBacklog(backlog.next_arrival, max(backlog.host_free_s, now_s) + work_s)
 
 
 def arrivals_between(arrivals_s: Sequence[float], start_s: float, end_s: float) -> int:
@@ -95,3 +103,21 @@ def effective_capacity_per_s(batch_size: int, batch_s: float, cost_s: float) -> 
     if batch_size < 1 or batch_s <= 0 or cost_s < 0:
         raise ValueError("batch_size must be >= 1, batch_s > 0 and cost_s >= 0")
     return batch_size / (batch_s + batch_size * cost_s)
+
+
+def split_host_cpu(low_s: float, low_batch: float, high_s: float, high_batch: float) -> tuple[float, float]:
+    """Host CPU per request measured at two mean batch sizes (a low-load pass and a saturated one) split into
+    ``per_request + per_batch / B``: (per-request seconds, per-batch seconds). The front end's work per batch
+    (waking the event loop when a batch completes, resolving its futures, the batcher's own turn) is shared by
+    the batch's requests, so host CPU per request falls as batches grow. Falls back to (low_s, 0) when the
+    two batch sizes are too close to tell (high < 1.5 x low) or the CPU per request did not fall; clamps the
+    per-request part at 0 (then all of it is per batch)."""
+    if min(low_s, high_s) < 0 or min(low_batch, high_batch) < 1:
+        raise ValueError("host CPU must be >= 0 and mean batch sizes >= 1")
+    if high_batch < 1.5 * low_batch or high_s >= low_s:
+        return low_s, 0.0
+    per_batch = (low_s - high_s) / (1.0 / low_batch - 1.0 / high_batch)
+    per_request = high_s - per_batch / high_batch
+    if per_request < 0:
+        return 0.0, low_s * low_batch
+    return per_request, per_batch

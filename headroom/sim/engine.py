@@ -7,7 +7,9 @@ server's batcher calls — with a snapshot of the queue's head (at most `max_bat
 which changes nothing: the policy never looks further than one full batch). Autoscaling calls
 `headroom.autoscaler.policy.decide`. Continuous batching (LLM iterations) lives in `headroom.sim.continuous`.
 With `host_cpu_per_request_s > 0` each batch's time is stretched by the host work of the arrivals that come in
-while it runs (`headroom.sim.cpu_share`, called from one place: `_stretched`).
+while it runs (`headroom.sim.cpu_share`, called from one place: `_stretched`), and with
+`host_cpu_per_batch_s > 0` by the front end's work at each completion (`_on_done` queues it); before that, every batch's
+profile time is multiplied by `service_time_scale` (an in-service slowdown measured on the real server).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from headroom.core.clock import FakeClock
 from headroom.router.snapshot import RouterState, peak_ewma_update
 from headroom.sim.config import SimConfig, SimResult
 from headroom.sim.continuous import ContinuousReplica
-from headroom.sim.cpu_share import HostBacklog, advance, batch_end_s
+from headroom.sim.cpu_share import HostBacklog, add_work, advance, batch_end_s
 from headroom.sim.profile import Jitter, ServiceProfile
 from headroom.sim.router import needs_loads, route
 from headroom.sim.state import ReplicaState as _Replica
@@ -71,7 +73,8 @@ class Simulator:
         self._np_rng = np_rng
         self._rng = random.Random(cfg.seed)
         cap = max(1, self.policy.max_batch_size)
-        self._mean_s = [profile.mean_service_s(max(1, b)) for b in range(cap + 1)]
+        self._scale = cfg.service_time_scale  # in-service slowdown on every batch's profile time
+        self._mean_s = [profile.mean_service_s(max(1, b)) * self._scale for b in range(cap + 1)]
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self.queues: list[_Queue] = []
@@ -97,6 +100,7 @@ class Simulator:
         self._last_done_s = 0.0
         self._routable: list[_Replica] | None = None  # ready, non-draining replicas (router targets)
         self._host_cost_s = cfg.host_cpu_per_request_s  # > 0: host work on the model's cores stretches batches
+        self._host_batch_s = cfg.host_cpu_per_batch_s  # > 0: host work at each completion delays the next batch
         self._host = HostBacklog()
         self._arrivals: list[float] = []  # the schedule (host work of future arrivals preempts a running batch)
 
@@ -182,9 +186,9 @@ class Simulator:
                 items.extendleft(reversed([it for i, it in enumerate(head) if i not in chosen]))
             self._depth -= k
             r = q.idle.pop()
-            mean = self._mean_s[k] if k < len(self._mean_s) else self.profile.mean_service_s(k)
+            mean = self._mean_s[k] if k < len(self._mean_s) else self.profile.mean_service_s(k) * self._scale
             svc = mean * self._jitter.draw()
-            if self._host_cost_s > 0:
+            if self._host_cost_s > 0 or self._host_batch_s > 0:
                 svc = self._stretched(now, svc)
             r.batch = batch
             r.busy_since_s = now
@@ -223,6 +227,9 @@ class Simulator:
                 r.ewma_t = now
         self._busy_done_s += now - r.busy_since_s
         self._last_done_s = now
+        if self._host_batch_s > 0:  # the front end's per-batch work, queued behind the host work already due
+            self._host = add_work(advance(self._host, self._arrivals, now, self._host_cost_s), now,
+                                  self._host_batch_s)
         r.batch = []
         r.busy_since_s = -1.0
         self._after_work(r, now)

@@ -107,6 +107,10 @@ class ServiceProfile:
         """Mean time of a batch of `batch_size` items."""
         return _interpolate(self.batch_sizes, self.service_times_s, float(batch_size))
 
+    def interpolated_service_s(self, batch_size: float) -> float:
+        """`mean_service_s` at a fractional batch size (a measured mean), on the same piecewise-linear curve."""
+        return _interpolate(self.batch_sizes, self.service_times_s, batch_size)
+
     def to_json(self) -> dict[str, Any]:
         """The file form (milliseconds)."""
         out: dict[str, Any] = {

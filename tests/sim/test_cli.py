@@ -67,3 +67,24 @@ def test_sim_host_cpu_stretches_batches_through_the_cli() -> None:
     assert m["busy_s"] / m["completed"] == pytest.approx(0.010 / (1 - 60 * 0.002), rel=0.05)
     assert plain["busy_s"] / plain["completed"] == pytest.approx(0.010)
     assert runner.invoke(app, [*args, "--host-cpu-ms", "-1"]).exit_code == 2
+
+
+def test_sim_service_time_scale_slows_every_batch_through_the_cli() -> None:
+    args = ["sim", "--rate", "60", "--batching", "none", "--service-ms", "10", "--duration", "30", "--json", "-"]
+    result = runner.invoke(app, [*args, "--service-time-scale", "1.3"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert payload["config"]["service_time_scale"] == 1.3
+    assert payload["metrics"]["busy_s"] / payload["metrics"]["completed"] == pytest.approx(0.013)
+    refused = runner.invoke(app, [*args, "--service-time-scale", "0"])
+    assert refused.exit_code == 2 and "service_time_scale" in refused.output
+
+
+def test_sim_per_batch_host_cpu_through_the_cli() -> None:
+    # back-to-back batches (rate far above 1 / 10 ms): every batch waits for the previous one's 2 ms
+    args = ["sim", "--rate", "500", "--batching", "none", "--service-ms", "10", "--duration", "5", "--json", "-"]
+    result = runner.invoke(app, [*args, "--host-cpu-per-batch-ms", "2"])
+    assert result.exit_code == 0, result.output
+    m = json.loads(result.output)["metrics"]
+    assert m["throughput_per_s"] == pytest.approx(1 / 0.012, rel=0.02)
+    assert runner.invoke(app, [*args, "--host-cpu-per-batch-ms", "-1"]).exit_code == 2

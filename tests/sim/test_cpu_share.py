@@ -10,10 +10,12 @@ import pytest
 from headroom.sim.config import SimConfig
 from headroom.sim.cpu_share import (
     HostBacklog,
+    add_work,
     advance,
     arrivals_between,
     batch_end_s,
     effective_capacity_per_s,
+    split_host_cpu,
     stretch_factor,
 )
 from headroom.sim.engine import simulate
@@ -84,3 +86,34 @@ def test_simulated_service_time_under_poisson_load_follows_the_mean_stretch() ->
     res = simulate(SimConfig(batching="none", host_cpu_per_request_s=cost, seed=1),
                    ServiceProfile.constant(0.010), arrivals)
     assert res.busy_s / res.completed == pytest.approx(0.010 * stretch_factor(rate, cost), rel=0.03)
+
+
+def test_host_cpu_splits_into_per_request_and_per_batch_work() -> None:
+    # 0.8 ms per request + 1.2 ms per batch: 2.0 ms/request at B = 1, 0.95 ms/request at B = 8
+    per_request, per_batch = split_host_cpu(0.0020, 1.0, 0.0008 + 0.0012 / 8, 8.0)
+    assert per_request == pytest.approx(0.0008) and per_batch == pytest.approx(0.0012)
+    assert split_host_cpu(0.002, 1.0, 0.0025, 8.0) == (0.002, 0.0)  # did not fall: all per request
+    assert split_host_cpu(0.002, 1.0, 0.001, 1.2) == (0.002, 0.0)  # batch sizes too close to tell
+    assert split_host_cpu(0.002, 1.0, 0.0001, 2.0) == pytest.approx((0.0, 0.002))  # would go negative: per batch
+    with pytest.raises(ValueError):
+        split_host_cpu(0.002, 0.5, 0.001, 8.0)
+
+
+def test_per_batch_host_work_delays_only_a_batch_that_starts_behind_it() -> None:
+    """10 ms batches of one request, 2 ms of front-end work at each completion. Arrivals at 0, 1 and 50 ms:
+    the first is served 0-10 ms; its completion work holds the core 10-12 ms, so the second (queued since
+    1 ms) runs 12-22 ms: latency 21 ms instead of 19; the third finds the core free (latency 10)."""
+    arrivals = np.array([0.0, 0.001, 0.050])
+    cfg = SimConfig(batching="none", host_cpu_per_batch_s=0.002)
+    res = simulate(cfg, ServiceProfile.constant(0.010), arrivals)
+    assert sorted(res.latencies_s.tolist()) == pytest.approx([0.010, 0.010, 0.021])
+    plain = simulate(SimConfig(batching="none"), ServiceProfile.constant(0.010), arrivals)
+    assert sorted(plain.latencies_s.tolist()) == pytest.approx([0.010, 0.010, 0.019])
+    backlog = add_work(HostBacklog(), 0.010, 0.002)
+    assert backlog.host_free_s == pytest.approx(0.012)
+    assert batch_end_s(0.010, 0.010, [], backlog, 0.0) == pytest.approx(0.022)
+    assert add_work(backlog, 0.011, 0.001).host_free_s == pytest.approx(0.013)  # queues behind pending work
+    with pytest.raises(ValueError):
+        add_work(backlog, 0.0, -1.0)
+    with pytest.raises(ValueError, match="host_cpu_per_batch_s"):
+        SimConfig(host_cpu_per_batch_s=-0.001)

@@ -24,12 +24,11 @@ from headroom.sim.profile import ServiceProfile
 from headroom.sim.validate import (
     ValidateConfig,
     capacity_per_s,
-    host_cost_s,
-    relative_error,
     run_validation,
     sim_config_for,
     with_batch_overhead,
 )
+from headroom.sim.validate_compare import host_cost_s, relative_error
 from headroom.sim.validate_profile import pinned, pinned_repository
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -111,7 +110,9 @@ def test_pinned_restores_the_affinity_and_refuses_unavailable_cpus() -> None:
 
 
 @pytest.mark.parametrize("kwargs", [{"loads": ()}, {"loads": (0.0,)}, {"duration_s": 0.0}, {"overhead": "magic"},
-                                    {"capacity_per_s": -1.0}, {"model_threads": -1}, {"server_cpus": "x"}])
+                                    {"capacity_per_s": -1.0}, {"model_threads": -1}, {"server_cpus": "x"},
+                                    {"calibration_load": 0.7}, {"calibration_load": -0.1},
+                                    {"calibration_duration_s": 0.0}, {"saturation_queries": -1}])
 def test_bad_settings_are_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         ValidateConfig(model="digits", **kwargs)  # type: ignore[arg-type]
@@ -129,20 +130,40 @@ def test_short_validation_against_the_real_server(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [
         "sim", "--validate", "--model", "digits", "--model-repository", str(MODELS), "--loads", "0.3,0.8",
         "--capacity-per-s", "40", "--duration", "2", "--calibration-queries", "30", "--seed", "5",
-        "--server-cpus", cpu, "--generator-cpus", cpu, "--json", str(out),
+        "--server-cpus", cpu, "--generator-cpus", cpu, "--json", str(out), "--calibration-duration", "2",
+        "--saturation-queries", "200",
     ])
     assert result.exit_code in (0, 1), result.output  # 1 = accuracy target missed (not judged here)
     report = json.loads(out.read_text())
-    assert report["schema"] == "headroom.sim.validate/2" and report["model"] == "digits"
+    assert report["schema"] == "headroom.sim.validate/3" and report["model"] == "digits"
     assert report["config"]["server_cpus"] == cpu and report["config"]["model_threads"] == 1
     assert report["profile"]["meta"]["cpus"] == [int(cpu)] and report["profile"]["meta"]["intra_op_threads"] == 1
     meta = report["profile"]["meta"]
     assert meta["cpu_per_wall"] > 0 and 0 < meta["busy_fraction"] <= 1  # a CPU model burns CPU while it predicts
     ov, cap = report["overhead"], report["capacity"]
-    assert ov["host_cpu_per_request_ms"] > 0 and ov["calibration_requests"] >= 30
-    assert 0 < cap["effective_per_s"] < cap["isolated_per_s"]
+    assert ov["host_cpu_per_request_ms"] > 0 and ov["requests"] > 0 and ov["mode"].startswith("open loop")
+    assert report["single_stream_calibration"]["requests"] >= 30
+    # the judged costs come from the open-loop pass at 0.15 of the isolated capacity
+    single = report["single_stream_calibration"]
+    isolated = 32 / (report["profile"]["service_ms"]["32"] + single["per_batch_ms"]) * 1e3
+    assert cap["isolated_per_s"] == pytest.approx(isolated, rel=1e-3)
+    assert ov["mode"] == "open loop, Poisson 6.00 req/s"  # 0.15 of --capacity-per-s
+    slow = report["slowdown"]
+    scale = cap["service_time_scale"]
+    assert scale == slow["service_time_scale"] == report["simulated"]["service_time_scale"] > 0
+    assert scale == pytest.approx(slow["busy_per_batch_ms"] / (slow["expected_busy_per_batch_ms"]
+                                                               * slow["host_stretch_at_rate"]), rel=1e-2)
+    bmax_ms = (scale * (report["profile"]["service_ms"]["32"] + ov["per_batch_ms"])
+               + 32 * ov["host_cost_per_arrival_ms"] + ov["host_cost_per_batch_ms"])
+    assert cap["effective_per_s"] == pytest.approx(32 / bmax_ms * 1e3, rel=1e-3)
     assert report["simulated"]["batching"] == "dynamic" and report["simulated"]["max_batch_size"] == 32
     assert cap["used_per_s"] == 40
+    sat = cap["measured_saturation"]  # the closed-loop check at 2 x B_max in flight
+    assert sat["concurrency"] == 64 and sat["throughput_per_s"] > 0 and sat["errors"] == 0
+    assert sat["effective_over_measured"] == pytest.approx(cap["effective_per_s"] / sat["throughput_per_s"], rel=1e-3)
+    # host CPU per request at the open-loop pass's batches and at saturation's: per request + per batch / B
+    assert ov["host_cost_per_arrival_ms"] >= 0 and ov["host_cost_per_batch_ms"] >= 0
+    assert report["simulated"]["host_cpu_per_batch_ms"] == ov["host_cost_per_batch_ms"]
     assert report["overhead"]["per_request_ms"] > 0 and report["overhead"]["per_batch_ms"] >= 0
     assert set(report["profile"]["service_ms"]) == {"1", "2", "4", "8", "16", "32"}
     rows = report["loads"]
@@ -157,6 +178,7 @@ def test_short_validation_against_the_real_server(tmp_path: Path) -> None:
         assert row["sim"]["p50_ms"] >= report["overhead"]["per_request_ms"]
         assert row["rel_error"]["p50"] == pytest.approx(row["sim"]["p50_ms"] / row["real"]["p50_ms"] - 1, abs=1e-3)
         assert row["real"]["mean_batch_size"] >= 1 and row["sim"]["mean_batch_size"] >= 1
+        assert row["real"]["server_usage"]["slowdown_at_load"] > 0  # the scale's diagnostic at each load
         assert row["sim_without_host_cpu"]["p50_ms"] <= row["sim"]["p50_ms"]  # host work only slows batches
         assert row["judged"] is judged and (row["pass"] is None) is (not judged)
     assert report["verdict"]["judged_loads"] == [0.3]
@@ -191,11 +213,25 @@ def test_a_model_that_sleeps_loses_nothing_to_host_cpu(tmp_path: Path) -> None:
     effective capacity equals the isolated one (within 1 %) while the host CPU per request is still measured."""
     repo = Path(__file__).resolve().parents[2] / "benchmarks" / "sim_validation" / "models"
     cfg = ValidateConfig(model="sleep", model_repository=repo, loads=(0.2,), duration_s=2.0, profile_repeats=5,
-                         calibration_queries=20, warmup_queries=5, server_cpus=str(min(os.sched_getaffinity(0))))
+                         calibration_queries=20, warmup_queries=5, server_cpus=str(min(os.sched_getaffinity(0))),
+                         calibration_load=0.0, saturation_queries=0)  # no slowdown: capacities differ by host work only
     report = run_validation(cfg)
     assert report["profile"]["meta"]["busy_fraction"] < 0.2
     assert report["overhead"]["host_cpu_per_request_ms"] > 0
     assert report["overhead"]["host_cost_per_arrival_ms"] < 0.2 * report["overhead"]["host_cpu_per_request_ms"]
     cap = report["capacity"]
     assert cap["effective_per_s"] == pytest.approx(cap["isolated_per_s"], rel=0.01)
+    assert cap["service_time_scale"] == 1.0 and report["overhead"]["mode"] == "single-stream closed loop"
     assert report["config"]["model_threads"] == 1 and report["profile"]["meta"]["intra_op_threads"] is None
+
+
+def test_settled_gc_freezes_the_generators_heap_for_a_run_and_restores_it() -> None:
+    import gc
+
+    from headroom.sim.calibrate import settled_gc
+
+    assert gc.get_freeze_count() == 0
+    with settled_gc():
+        assert gc.get_freeze_count() > 0  # the survivors of earlier passes are out of the collector's way
+        assert gc.isenabled()  # the run's own garbage is still collected
+    assert gc.get_freeze_count() == 0
