@@ -33,19 +33,12 @@ import httpx
 import yaml
 from rich.console import Console
 
+from headroom.router.replicas import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 HEADROOM = str(Path(sys.executable).with_name("headroom"))
 console = Console(stderr=True)
 STAGE = re.compile(r'^headroom_llm_cold_start_seconds\{[^}]*stage="([^"]+)"[^}]*\}\s+([0-9.eE+-]+)$')
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def write_repository(dest: Path, weight_dtype: str, threads: int) -> None:

@@ -114,8 +114,7 @@ def zeroed_tensors(
     if device.type != "cpu":
         return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(count)]
     numel = int(np.prod(shape))
-    item_bytes = torch.empty((), dtype=dtype).element_size()
-    buffer = mmap.mmap(-1, numel * item_bytes * count, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buffer = mmap.mmap(-1, numel * dtype.itemsize * count, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     flat = torch.frombuffer(buffer, dtype=dtype)  # keeps `buffer` alive as long as any view exists
     return [flat[i * numel : (i + 1) * numel].view(shape) for i in range(count)]
 

@@ -38,7 +38,7 @@ import numpy.typing as npt
 
 from headroom.loadgen.arrivals import ArrivalSpec
 from headroom.loadgen.clients import ClientConfig
-from headroom.loadgen.runner import BenchConfig, run_bench
+from headroom.loadgen.runner import BenchConfig, RunOutcome, run_bench
 from headroom.loadgen.scrape import parse_prometheus_text
 from headroom.loadgen.workloads import WorkloadSpec
 from headroom.router.replicas import free_port
@@ -214,6 +214,16 @@ def usage_between(before: ServerReading, after: ServerReading, pid: int, model_t
             "host_cpu_per_item_s": max(0.0, (cpu - batch_cpu) / items) if items > 0 else 0.0}
 
 
+def measured_bench(server: RunningServer, model: str, cfg: BenchConfig, model_threads: int,
+                   settle_gc: bool = True) -> tuple[RunOutcome, dict[str, float]]:
+    """Run the bench against the server and read what the server did meanwhile (`usage_between`); with
+    `settle_gc`, the generator's garbage is collected and frozen first (`settled_gc`)."""
+    before = read_server(server, model)
+    with settled_gc() if settle_gc else contextlib.nullcontext():
+        outcome = asyncio.run(run_bench(cfg))
+    return outcome, usage_between(before, read_server(server, model), server.pid, model_threads)
+
+
 def calibrate(server: RunningServer, model: str, workload: WorkloadSpec, queries: int, seed: int,
               model_threads: int = 1, rate_per_s: float = 0.0, duration_s: float = 0.0) -> Overhead:
     """The fixed per-request and per-batch costs, the host CPU per request and the executor time per batch.
@@ -228,7 +238,6 @@ def calibrate(server: RunningServer, model: str, workload: WorkloadSpec, queries
     if rate_per_s < 0 or (rate_per_s > 0 and duration_s <= 0):
         raise ValueError(f"an open-loop calibration needs rate_per_s > 0 and duration_s > 0, got {rate_per_s}, "
                          f"{duration_s}")
-    before = read_server(server, model)
     client = ClientConfig(url=server.url, model=model, http_client="aiohttp")
     if rate_per_s > 0:
         cfg = BenchConfig(client=client, scenario="server", duration_s=duration_s, workload=workload,
@@ -239,9 +248,7 @@ def calibrate(server: RunningServer, model: str, workload: WorkloadSpec, queries
         cfg = BenchConfig(client=client, scenario="single-stream", closed_concurrency=1, num_queries=queries,
                           duration_s=3600.0, workload=workload, metrics_url="none", warmup_queries=min(20, queries),
                           seed=seed, label="calibration")
-    with settled_gc():
-        outcome = asyncio.run(run_bench(cfg))
-    used = usage_between(before, read_server(server, model), server.pid, model_threads)
+    outcome, used = measured_bench(server, model, cfg, model_threads)
     rest, lat, comp = [], [], []
     for r in outcome.collector.records:
         if not r.ok:
@@ -272,13 +279,11 @@ def saturation(server: RunningServer, model: str, workload: WorkloadSpec, concur
     against the calibrated capacity)."""
     if concurrency < 1 or queries < 1:
         raise ValueError(f"concurrency and queries must be >= 1, got {concurrency}, {queries}")
-    before = read_server(server, model)
     cfg = BenchConfig(client=ClientConfig(url=server.url, model=model, http_client="aiohttp"),
                       scenario="single-stream", closed_concurrency=concurrency, num_queries=queries,
                       duration_s=3600.0, workload=workload, metrics_url="none",
                       warmup_queries=min(concurrency, queries), seed=seed, label="saturation")
-    outcome = asyncio.run(run_bench(cfg))
-    used = usage_between(before, read_server(server, model), server.pid, model_threads)
+    outcome, used = measured_bench(server, model, cfg, model_threads, settle_gc=False)
     b = used["batches"]
     return {"throughput_per_s": float(outcome.result["throughput"]["requests_per_s"]),
             "errors": float(outcome.result["counts"]["errors"]), "concurrency": float(concurrency),

@@ -28,7 +28,6 @@ Steps (`run_validation`):
 
 from __future__ import annotations
 
-import asyncio
 import os
 import tempfile
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from typing import Any
 from headroom.batching.policy import BatchPolicyConfig
 from headroom.loadgen.arrivals import ArrivalSpec
 from headroom.loadgen.clients import ClientConfig
-from headroom.loadgen.runner import BenchConfig, environment, run_bench
+from headroom.loadgen.runner import BenchConfig, environment
 from headroom.loadgen.workloads import WorkloadSpec
 from headroom.models.config import ModelConfig
 from headroom.models.repository import ModelRepository
@@ -49,11 +48,9 @@ from headroom.sim.calibrate import (
     Overhead,
     RunningServer,
     calibrate,
-    read_server,
+    measured_bench,
     real_server,
     saturation,
-    settled_gc,
-    usage_between,
 )
 from headroom.sim.config import SimConfig
 from headroom.sim.cpu_share import split_host_cpu, stretch_factor
@@ -163,10 +160,8 @@ def _bench_load(server: RunningServer, cfg: ValidateConfig, fraction: float, rat
                         scenario="server", arrival=spec, duration_s=cfg.duration_s, workload=workload, seed=seed,
                         warmup_queries=cfg.warmup_queries, scrape_interval_s=0.5,
                         label=f"sim-validate {fraction:.0%}")
-    before = read_server(server, cfg.model)
-    with settled_gc():
-        result = asyncio.run(run_bench(bench)).result
-    used = usage_between(before, read_server(server, cfg.model), server.pid, threads)
+    outcome, used = measured_bench(server, cfg.model, bench, threads)
+    result = outcome.result
     b = used["batches"]
     result["server_usage"] = {
         "batches": int(b), "mean_batch_size": used["items"] / b if b else None,

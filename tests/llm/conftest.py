@@ -78,11 +78,13 @@ TINY_ENGINE = EngineConfig(kv_cache_memory_mb=1.0, max_num_seqs=16, max_num_batc
 
 @pytest.fixture
 def make_tiny(tiny_state: dict[str, torch.Tensor]) -> Iterator[object]:
-    """Build tiny engines with overrides; after the test every block must be back in the free pool."""
+    """Build tiny engines with overrides (and a draft model, optionally); after the test every block must be
+    back in the free pool."""
     engines: list[LLMEngine] = []
 
-    def make(**overrides: object) -> LLMEngine:
-        eng = build_engine(TINY, tiny_state, replace(TINY_ENGINE, **overrides))  # type: ignore[arg-type]
+    def make(draft: tuple[DecoderConfig, dict[str, torch.Tensor]] | None = None, **overrides: object) -> LLMEngine:
+        cfg = replace(TINY_ENGINE, **overrides)  # type: ignore[arg-type]
+        eng = build_engine(TINY, tiny_state, cfg, draft=draft)
         engines.append(eng)
         return eng
 

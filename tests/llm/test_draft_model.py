@@ -44,21 +44,18 @@ def other_draft() -> tuple[DecoderConfig, dict[str, torch.Tensor]]:
 
 
 @pytest.fixture
-def make_spec(tiny_state: dict[str, torch.Tensor]) -> Iterator[MakeSpec]:
-    """Engines with a draft model (default: the target's own weights); after the test every target block and
-    every draft block is free again and the draft tracks no sequence."""
+def make_spec(make_tiny: Callable[..., LLMEngine], tiny_state: dict[str, torch.Tensor]) -> Iterator[MakeSpec]:
+    """Engines with a draft model (default: the target's own weights); after the test every target block
+    (`make_tiny`) and every draft block is free again and the draft tracks no sequence."""
     engines: list[LLMEngine] = []
 
     def make(draft: tuple[DecoderConfig, dict[str, torch.Tensor]] | None = None, **overrides: Any) -> LLMEngine:
-        cfg = replace(TINY_ENGINE, **overrides)
-        eng = build_engine(TINY, tiny_state, cfg, draft=draft or (TINY, tiny_state))
+        eng = make_tiny(draft=draft or (TINY, tiny_state), **overrides)
         engines.append(eng)
         return eng
 
     yield make
     for eng in engines:
-        assert not eng.has_unfinished
-        assert eng.kv.num_free_blocks == eng.kv.num_blocks
         proposer = _proposer(eng)
         assert proposer.num_tracked == 0
         assert proposer.kv.num_free_blocks == proposer.kv.num_blocks
