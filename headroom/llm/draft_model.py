@@ -15,12 +15,12 @@ draft's pool is full or a sequence outgrows the draft's context, that sequence s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from headroom.llm.config import DecoderConfig, EngineConfig
 from headroom.llm.kv_cache import KVCacheManager
 from headroom.llm.model import DecoderForCausalLM
-from headroom.llm.runner import BatchItem, ModelBatch, TorchRunner, kv_bytes_per_block
+from headroom.llm.runner import BatchItem, ModelBatch, TorchRunner
 from headroom.llm.spec_decode import DraftQuery
 from headroom.llm.tokenizer import Tokenizer
 
@@ -69,10 +69,7 @@ class DraftModelProposer:
         if num_blocks < 1:
             raise ValueError("the draft model's K/V pool needs >= 1 block")
         cfg = model.config
-        param = next(model.parameters())
-        per_block = kv_bytes_per_block(cfg, engine.block_size_tokens, param.dtype)
-        pool_mb = num_blocks * per_block / 2**20
-        self.runner = TorchRunner(model, replace(engine, kv_cache_memory_mb=pool_mb * (1 + 1e-9)))
+        self.runner = TorchRunner(model, engine, num_blocks=num_blocks)
         self.kv = KVCacheManager(self.runner.num_blocks, engine.block_size_tokens, enable_prefix_caching=False)
         self.block_size = engine.block_size_tokens
         self.max_positions = cfg.max_position_embeddings  # the draft's context limit

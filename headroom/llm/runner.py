@@ -200,7 +200,9 @@ def _group(
 class TorchRunner:
     """Runs a DecoderForCausalLM over a K/V pool preallocated from `kv_cache_memory_mb`."""
 
-    def __init__(self, model: DecoderForCausalLM, engine: EngineConfig) -> None:
+    def __init__(self, model: DecoderForCausalLM, engine: EngineConfig, num_blocks: int | None = None) -> None:
+        """`num_blocks`: the pool's size in blocks, when the caller knows it (a draft model sized to the target's
+        pool); by default as many as `engine.kv_cache_memory_mb` holds."""
         self.model = model
         cfg = model.config
         param = next(model.parameters())
@@ -222,7 +224,7 @@ class TorchRunner:
         per_block = kv_bytes_per_block(cfg, engine.block_size_tokens, self.dtype)
         self.kv_bytes_per_block = per_block
         self.block_size = engine.block_size_tokens
-        self.num_blocks = int(engine.kv_cache_memory_mb * 1024 * 1024 // per_block)
+        self.num_blocks = num_blocks if num_blocks is not None else int(engine.kv_cache_memory_mb * 2**20 // per_block)
         if self.num_blocks < 1:
             raise ValueError(
                 f"kv_cache_memory_mb={engine.kv_cache_memory_mb} holds no block of {per_block} bytes; raise it"
