@@ -1,6 +1,7 @@
 """Time (and optionally profile) one engine decode step at a given batch size on SmolLM2.
 
-    .venv/bin/python benchmarks/llm/profile_step.py --batch 1,32 --num-threads 1 [--profile] [--int8]
+    .venv/bin/python benchmarks/llm/profile_step.py --batch 1,32 --num-threads 1 [--profile] [--weight-dtype int8]
+        [--attention-backend torch]
 
 Prompts of ~100 tokens are prefilled first; then `--steps` decode steps are timed (median reported), in
 wall time and in this process's CPU time (steadier than wall time on a shared, oversubscribed machine).
@@ -26,9 +27,20 @@ def main() -> None:
     ap.add_argument("--num-threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--steps", type=int, default=10, help="decode steps timed per batch size")
     ap.add_argument("--weight-dtype", default="", help="EngineConfig.weight_dtype (e.g. int8); empty = default")
+    ap.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=("auto", "torch", "kernel"),
+        help="EngineConfig.attention_backend: the C paged-attention kernel (auto/kernel) or torch ops",
+    )
     ap.add_argument("--profile", action="store_true", help="print a torch.profiler table of one step")
     args = ap.parse_args()
-    kw: dict[str, object] = {"num_threads": args.num_threads, "max_num_seqs": 64, "kv_cache_memory_mb": 512}
+    kw: dict[str, object] = {
+        "num_threads": args.num_threads,
+        "max_num_seqs": 64,
+        "kv_cache_memory_mb": 512,
+        "attention_backend": args.attention_backend,
+    }
     if args.weight_dtype:
         kw["weight_dtype"] = args.weight_dtype
     engine, _ = load_engine(args.model, EngineConfig(**kw))  # type: ignore[arg-type]

@@ -86,6 +86,9 @@ class EngineConfig:
     # "auto" (= dtype) | "int8" (CPU fp32 only: FBGEMM dynamic-int8 linears) | "int8_on_cpu" (int8 when the
     # model runs on CPU, dtype on a GPU: what models/smollm2/config.yaml serves)
     weight_dtype: str = "auto"
+    # "auto" (the C paged-attention kernel, headroom.llm.kernels, on CPU fp32 when it builds; else torch ops) |
+    # "torch" | "kernel" (fail at startup when the kernel cannot be built or used)
+    attention_backend: str = "auto"
     swap_space_mb: float = 0.0  # host memory for swap preemption; 0 = preempt by recompute only
     speculative_ngram_tokens: int = 0  # prompt-lookup speculative decoding: draft length; 0 = off
     speculative_draft_model: str = ""  # draft-model speculation: a .gguf, HF directory or package: ("" = off)
@@ -112,6 +115,10 @@ class EngineConfig:
             raise ValueError(
                 f"weight_dtype {self.weight_dtype!r}: use auto (weights in dtype), int8 (CPU only) or int8_on_cpu "
                 "(int8 on CPU, dtype on a GPU)"
+            )
+        if self.attention_backend not in ("auto", "torch", "kernel"):
+            raise ValueError(
+                f"attention_backend {self.attention_backend!r}: use auto (the C kernel when it builds), torch or kernel"
             )
         if self.wide_step_min_tokens < 1:
             raise ValueError("wide_step_min_tokens must be >= 1 (32 is usual)")

@@ -8,20 +8,24 @@ and attention is one `bmm` for the scores and one for the output over all heads 
 longer chunks are padded and attended as separate groups (`AttentionGroup`), so a 100-token prompt chunk
 does not pad 30 decodes to 100 query rows.
 After loading, `fuse_projections` concatenates q/k/v and gate/up (fewer, larger matmuls; state_dict keys
-become `qkv_proj` / `gate_up_proj`).
+become `qkv_proj` / `gate_up_proj`). With `AttentionMetadata.kernel` (CPU fp32, headroom.llm.kernels) RoPE + the
+cache write are one C call and decode groups are attended in place through their block tables (no gather).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from headroom.llm.config import DecoderConfig
+
+if TYPE_CHECKING:
+    from headroom.llm.kernels.paged_attention import PagedAttentionKernel
 
 EXTRA_PREFIX = "headroom."  # checkpoint keys that are not model parameters (e.g. `headroom.int8.<linear>.weight`)
 
@@ -35,6 +39,7 @@ class AttentionGroup:
     query_slice: tuple[int, int] | None  # (start, end): the group's tokens are flat[start:end], unpadded
     flat_blocks: torch.Tensor  # [B * NB] long: each sequence's block table, 0-padded to NB, flattened
     mask_bias: torch.Tensor  # [B, 1, Q, NB * block size] fp32: 0 where a query may attend a key, -inf elsewhere
+    seq_lens: torch.Tensor  # [B] long: each sequence's context length after this step (keys its last query sees)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,7 @@ class AttentionMetadata:
     token_to_padded: torch.Tensor  # [T] long: row of each flat token in the groups' padded outputs, concatenated
     padded_is_flat: bool  # the concatenated padded outputs are already in flat token order (no gather needed)
     block_size_tokens: int  # tokens per cache block
+    kernel: PagedAttentionKernel | None = None  # the C paged-attention kernel (CPU fp32); None = torch ops only
 
 
 class Linear(nn.Module):
@@ -167,6 +173,16 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         t, hd, nh, nkv = x.shape[0], self.head_dim, self.num_heads, self.num_kv_heads
+        kernel = meta.kernel
+        if kernel is not None and self.qkv_proj is not None:  # RoPE + cache write in one C call
+            q = kernel.rope_write_kv(self.qkv_proj.forward(x), cos, sin, meta.slot_mapping, k_cache, v_cache, nh)
+            outs = [
+                kernel.decode_attention(q, k_cache, v_cache, g, meta.block_size_tokens)
+                if g.query_index.shape[1] == 1
+                else self._attend(q, k_cache, v_cache, g, meta.block_size_tokens)
+                for g in meta.groups
+            ]
+            return self._project(outs, meta)
         if self.qkv_proj is not None:
             qkv = self.qkv_proj.forward(x).view(t, nh + 2 * nkv, hd)
             qk = apply_rotary(qkv[:, : nh + nkv], cos, sin)  # q and k rotated together
@@ -180,7 +196,10 @@ class Attention(nn.Module):
         # the cache is head-major, [Hkv, slots, D]: one layer's new K/V go in with one index_copy_ each
         k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
         v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
-        outs = [self._attend(q, k_cache, v_cache, g, meta.block_size_tokens) for g in meta.groups]
+        return self._project([self._attend(q, k_cache, v_cache, g, meta.block_size_tokens) for g in meta.groups], meta)
+
+    def _project(self, outs: list[torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        """The groups' padded outputs back in flat token order, through o_proj."""
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         if not meta.padded_is_flat:
             out = out[meta.token_to_padded]

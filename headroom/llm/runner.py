@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from headroom.llm.config import DecoderConfig, EngineConfig
+from headroom.llm.kernels.paged_attention import PagedAttentionKernel, select_attention_kernel
 from headroom.llm.model import AttentionGroup, AttentionMetadata, DecoderForCausalLM
 from headroom.llm.quant import prepare_int8
 from headroom.llm.threads import ThreadTunerConfig, ThreadTunerState, choose_threads, observe
@@ -120,9 +121,10 @@ def zeroed_tensors(
 
 
 def build_metadata(
-    batch: ModelBatch, device: torch.device
+    batch: ModelBatch, device: torch.device, kernel: PagedAttentionKernel | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
-    """Flat input ids, positions, attention metadata and logits indices for a batch."""
+    """Flat input ids, positions, attention metadata and logits indices for a batch (attended with `kernel`
+    when given)."""
     bs = batch.block_size_tokens
     items = batch.items
     lengths = [len(it.token_ids) for it in items]
@@ -157,6 +159,7 @@ def build_metadata(
         token_to_padded=torch.from_numpy(token_to_padded).to(device),
         padded_is_flat=offset == total and bool(np.array_equal(token_to_padded, np.arange(total))),
         block_size_tokens=bs,
+        kernel=kernel,
     )
     ids = torch.tensor(input_ids, dtype=torch.long, device=device)
     pos = torch.from_numpy(positions).to(device)
@@ -180,11 +183,13 @@ def _group(
     query_index = np.zeros((b, q), dtype=np.int64)
     key_blocks = np.zeros((b, nb), dtype=np.int64)
     mask = np.zeros((b, 1, q, nb * bs), dtype=bool)
+    seq_lens = np.zeros(b, dtype=np.int64)
     key_pos = np.arange(nb * bs, dtype=np.int64)
     for row, i in enumerate(members):
         t, n = int(starts[i]), lengths[i]
         key_blocks[row, : len(tables[i])] = tables[i]
         query_index[row, :n] = np.arange(t, t + n)
+        seq_lens[row] = positions[t + n - 1] + 1
         token_to_padded[t : t + n] = offset + row * q + np.arange(n)
         mask[row, 0, :n, :] = key_pos[None, :] <= positions[t : t + n, None]
         mask[row, 0, n:, 0] = True  # padded query rows attend one key (no NaN); their output is dropped
@@ -194,6 +199,7 @@ def _group(
         query_slice=(int(starts[members[0]]), int(starts[members[-1] + 1])) if unpadded_run else None,
         flat_blocks=torch.from_numpy(key_blocks.reshape(-1)).to(device),
         mask_bias=torch.from_numpy(np.where(mask, np.float32(0.0), np.float32(-np.inf))).to(device),
+        seq_lens=torch.from_numpy(seq_lens).to(device),
     )
 
 
@@ -234,6 +240,9 @@ class TorchRunner:
         shape = (cfg.num_key_value_heads, slots, cfg.head_dim_resolved)  # head-major (see model.Attention)
         pool = zeroed_tensors(shape, 2 * cfg.num_hidden_layers, self.dtype, self.device)
         self.kv_caches = [(pool[2 * i], pool[2 * i + 1]) for i in range(cfg.num_hidden_layers)]
+        heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim_resolved, self.block_size)
+        # the C paged-attention kernel (CPU fp32) or None = torch ops (see headroom.llm.kernels.paged_attention)
+        self.attention_kernel = select_attention_kernel(engine.attention_backend, self.device, self.dtype, heads)
 
     @property
     def threads_now(self) -> int:
@@ -260,7 +269,7 @@ class TorchRunner:
         return out
 
     def _forward(self, batch: ModelBatch) -> torch.Tensor:
-        ids, pos, meta, logits_idx = build_metadata(batch, self.device)
+        ids, pos, meta, logits_idx = build_metadata(batch, self.device, self.attention_kernel)
         with torch.inference_mode():
             logits: torch.Tensor = self.model(ids, pos, self.kv_caches, meta, logits_idx)
         return logits.float().cpu()

@@ -32,6 +32,7 @@ def test_smollm2_config_yields_engine_settings() -> None:
         ({"block_size_tokens": 0}, "block_size_tokens"),
         ({"device": "tpu"}, "use cpu, cuda or auto"),
         ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"attention_backend": "fast"}, "use auto .* torch or kernel"),
     ],
 )
 def test_bad_parameters_say_what_to_fix(params: dict[str, object], message: str) -> None:

@@ -13,6 +13,7 @@ import torch
 from headroom.llm.engine import LLMEngine
 from headroom.llm.offline import LLM, build_engine
 from headroom.llm.request import SamplingParams
+from headroom.llm.runner import TorchRunner
 from headroom.llm.weights import load_checkpoint
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -136,3 +137,16 @@ def test_swap_preemption_matches_hf(
     engine = make_tiny(kv_cache_memory_mb=8 * 8192 / 2**20, swap_space_mb=1.0, enable_prefix_caching=False)
     assert _run(engine, prompts, params) == expected
     assert engine.scheduler.num_swaps > 0
+
+
+def test_default_backend_is_the_kernel_and_the_torch_fallback_also_matches_hf(
+    make_tiny: MakeEngine, tiny_hf: torch.nn.Module, prompts_of_lengths: Prompts, hf_greedy: HfGreedy
+) -> None:
+    prompts = prompts_of_lengths([1, 5, 17, 33])
+    expected = [hf_greedy(tiny_hf, p, 12) for p in prompts]
+    default, fallback = make_tiny(), make_tiny(attention_backend="torch")
+    if shutil.which("cc") or shutil.which("gcc"):  # the HF tests above ran on the C kernel
+        assert isinstance(default.runner, TorchRunner) and default.runner.attention_kernel is not None
+    assert isinstance(fallback.runner, TorchRunner) and fallback.runner.attention_kernel is None
+    assert _run(fallback, prompts) == expected
+    assert _run(default, prompts) == expected

@@ -1,0 +1,211 @@
+"""The CPU paged-attention kernel: build (system C compiler, cached), load (ctypes) and call.
+
+`paged_attention.c` holds two functions the fp32 CPU forward uses instead of ~15 torch ops per layer:
+`hr_rope_write_kv` rotates the step's q/k (RoPE) and writes k/v straight into their cache slots, and
+`hr_paged_decode_attention` attends each decode (one query per sequence) over its blocks *in place*, through
+its block table (no gather copy of the context), with an online softmax, all query heads of a kv head
+together (GQA), OpenMP across (sequence, kv head).
+
+Built on first use with `cc -O3 -march=native -ffp-contract=off -fopenmp` (no fast-math: IEEE ops, explicit
+AVX2/FMA only where the CPU has them) into `$HEADROOM_CACHE_DIR/kernels/<hash>.so` (`~/.cache/headroom` by
+default); the hash covers the source, the flags, the compiler and the CPU's flags, so a different machine
+or compiler builds its own. The library's `NEEDED libgomp.so.1` resolves to the libgomp torch has already
+loaded (same soname), so there is ONE OpenMP runtime and the kernel uses torch's thread count.
+No compiler, a failed build, or a CPU/dtype it does not serve: `select_attention_kernel` returns None (torch
+path) with one log line, unless the backend was forced to `kernel`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from headroom.llm.model import AttentionGroup
+
+log = logging.getLogger("headroom.llm")
+SOURCE = Path(__file__).with_name("paged_attention.c")
+BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
+ABI_VERSION = 1
+BACKENDS = ("auto", "torch", "kernel")
+MAX_BLOCK_SIZE_TOKENS = 256  # stack buffers in the kernel are sized by block size x query heads per kv head
+MAX_GROUP_X_HEAD_DIM = 16384  # (query heads per kv head) x head_dim floats of accumulators on the stack
+
+
+class KernelUnavailableError(RuntimeError):
+    """The kernel cannot be built or loaded here (no compiler, build error, unsupported platform)."""
+
+
+def kernel_cache_dir() -> Path:
+    """`$HEADROOM_CACHE_DIR/kernels` (default `~/.cache/headroom/kernels`)."""
+    root = os.environ.get("HEADROOM_CACHE_DIR") or str(Path.home() / ".cache" / "headroom")
+    return Path(root) / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def build_library(arch_flags: tuple[str, ...] = ("-march=native",), cache_dir: Path | None = None) -> Path:
+    """Compile `paged_attention.c` (or reuse the cached build) and return the `.so` path.
+    `arch_flags` pick the instruction set (`("-march=x86-64",)` builds the portable scalar path)."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise KernelUnavailableError("no C compiler (install gcc, or set CC)")
+    if not SOURCE.exists():
+        raise KernelUnavailableError(f"kernel source {SOURCE} is missing from the installed package")
+    flags = (*BASE_FLAGS, *arch_flags)
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise KernelUnavailableError(f"C compiler {cc} does not run: {exc}") from exc
+    key = hashlib.sha256(
+        "\0".join([SOURCE.read_text(), " ".join(flags), version, _cpu_flags(), platform.machine()]).encode()
+    ).hexdigest()[:24]
+    out_dir = cache_dir or kernel_cache_dir()
+    target = out_dir / f"paged_attention-{key}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)  # compile aside, then rename: concurrent builds are safe
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise KernelUnavailableError(f"{cc} failed to build the kernel: {proc.stderr.strip()[-400:]}")
+        os.replace(tmp, target)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise KernelUnavailableError(f"building the kernel with {cc} failed: {exc}") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+class PagedAttentionKernel:
+    """The loaded library; methods take torch tensors (CPU, fp32) and pass their pointers."""
+
+    def __init__(self, path: Path, min_parallel_keys: int = 4096) -> None:
+        """`min_parallel_keys`: a decode step attending fewer keys (summed over sequences and kv heads) runs
+        on the calling thread only (an OpenMP fork costs more than attending a few hundred keys)."""
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as exc:
+            raise KernelUnavailableError(f"cannot load {path}: {exc}") from exc
+        if lib.hr_abi_version() != ABI_VERSION:
+            raise KernelUnavailableError(f"{path} has ABI {lib.hr_abi_version()}, expected {ABI_VERSION}")
+        self.path = path
+        self.has_avx2 = bool(lib.hr_has_avx2())
+        self.min_parallel_keys = min_parallel_keys
+        self._rope = lib.hr_rope_write_kv
+        self._rope.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P]
+        self._rope.restype = None
+        self._decode = lib.hr_paged_decode_attention
+        self._decode.argtypes = [_P, _I, _P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _P, _I, ctypes.c_float, _P, _I]
+        self._decode.restype = None
+
+    def rope_write_kv(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin_signed: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        num_heads: int,
+    ) -> torch.Tensor:
+        """qkv: [T, (H + 2 Hkv) * D] (the fused projection's output); cos/sin_signed: [T, 1, D] (`Rotary.tables`);
+        caches [Hkv, slots, D]. Writes rotated k and v into their slots; returns rotated q, [T, H, D]."""
+        nkv, slots, hd = k_cache.shape
+        t = qkv.shape[0]
+        qkv, cos, sin_signed = qkv.contiguous(), cos.contiguous(), sin_signed.contiguous()
+        q = torch.empty((t, num_heads, hd), dtype=torch.float32)
+        self._rope(
+            qkv.data_ptr(), t, num_heads, nkv, hd, cos.data_ptr(), sin_signed.data_ptr(), slot_mapping.data_ptr(),
+            k_cache.data_ptr(), v_cache.data_ptr(), slots, q.data_ptr(),
+        )  # fmt: skip
+        return q
+
+    def decode_attention(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: AttentionGroup, block_size: int
+    ) -> torch.Tensor:
+        """One-query-per-sequence group `g` (query_index [B, 1]); q: [T, H, D] (any row stride).
+        Returns [B, H * D], like `Attention._attend`."""
+        nkv, slots, hd = k_cache.shape
+        nh = q.shape[1]
+        if q.stride(2) != 1 or q.stride(1) != hd:
+            q = q.contiguous()
+        b = g.query_index.shape[0]
+        out = torch.empty((b, nh * hd), dtype=torch.float32)
+        self._decode(
+            q.data_ptr(), q.stride(0), g.query_index.data_ptr(), b, nh, nkv, hd, k_cache.data_ptr(),
+            v_cache.data_ptr(), slots, g.flat_blocks.data_ptr(), g.flat_blocks.shape[0] // b, g.seq_lens.data_ptr(),
+            block_size, hd**-0.5, out.data_ptr(), self.min_parallel_keys,
+        )  # fmt: skip
+        return out
+
+
+@functools.cache
+def load_kernel(arch_flags: tuple[str, ...] = ("-march=native",)) -> PagedAttentionKernel:
+    """Build (or reuse) and load the kernel once per process; raises KernelUnavailableError."""
+    return PagedAttentionKernel(build_library(arch_flags))
+
+
+def kernel_supports(num_heads: int, num_kv_heads: int, head_dim: int, block_size_tokens: int) -> str:
+    """Why the kernel cannot serve this shape ("" = it can)."""
+    if block_size_tokens > MAX_BLOCK_SIZE_TOKENS:
+        return f"block_size_tokens {block_size_tokens} > {MAX_BLOCK_SIZE_TOKENS}"
+    if head_dim % 2 or (num_heads // num_kv_heads) * head_dim > MAX_GROUP_X_HEAD_DIM:
+        return f"head_dim {head_dim} x {num_heads // num_kv_heads} query heads per kv head is not supported"
+    return ""
+
+
+def select_attention_kernel(
+    backend: str, device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int, int]
+) -> PagedAttentionKernel | None:
+    """The kernel to use, or None for the torch path. `backend`: `auto` (the kernel when it builds and serves
+    this device/dtype/shape, else torch with one log line), `torch`, or `kernel` (raise ValueError saying why
+    it cannot be used). `shape`: (query heads, kv heads, head_dim, block_size_tokens)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"attention_backend {backend!r}: use auto, torch or kernel")
+    if backend == "torch":
+        return None
+    why = ""
+    if device.type != "cpu" or dtype != torch.float32:
+        why = f"the kernel serves CPU float32 only (this model runs on {device.type} in {dtype})"
+    else:
+        why = kernel_supports(*shape)
+    kernel = None
+    if not why:
+        try:
+            kernel = load_kernel()
+        except KernelUnavailableError as exc:
+            why = str(exc)
+    if kernel is not None:
+        return kernel
+    if backend == "kernel":
+        raise ValueError(f"attention_backend: kernel cannot be used: {why}; set attention_backend: auto or torch")
+    if device.type == "cpu":  # on a GPU the torch path is the plan, not a fallback worth a log line
+        log.warning("paged-attention kernel unavailable (%s): using the torch attention path", why)
+    return None
