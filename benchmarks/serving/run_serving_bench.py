@@ -210,10 +210,10 @@ class Target:
 
 
 def headroom_target(name: str, repo: Path, model: str = "minilm", high_rate: float = 64.0,
-                    only: str | None = None) -> Target:
+                    only: str | None = None, extra_args: tuple[str, ...] = ()) -> Target:
     port = free_port()
     cmd = [*HEADROOM, "serve", "--model-repository", str(repo), "--http-port", str(port), "--grpc-port", "-1",
-           "--no-access-log", *(["--model", only] if only else [])]
+           "--no-access-log", *(["--model", only] if only else []), *extra_args]
     return Target(name, cmd, f"http://127.0.0.1:{port}",
                   lambda url, proc: wait_ready(url + "/v2/health/ready", proc), model, high_rate)
 
@@ -280,6 +280,9 @@ def main() -> None:
                              "max_batch_size, instances, max_queue_delay_ms, preferred_batch_sizes (8/16/32), mode, "
                              "slo_p99_ms, intra_op_threads, length_bucket_size")
     parser.add_argument("--no-fastapi", action="store_true", help="skip the FastAPI + transformers target")
+    parser.add_argument("--no-gc-freeze-pair", action="store_true",
+                        help="also measure a dynamic + a batch-1 server started with `--no-gc-freeze` (A/B of "
+                             "freezing the start-up heap)")
     parser.add_argument("--noop-rounds", type=int, default=1,
                         help="rounds that also measure the no-op model's overhead (the first N)")
     args = parser.parse_args()
@@ -292,10 +295,15 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="headroom-bench-"))
     targets: list[Target] = []
     shipped_batch = shipped_max_batch_size()
-    for suffix, overrides in [("", {})] + [(f" [{s}]", parse_ort(s)) for s in args.ort]:
+    pairs: list[tuple[str, dict[str, object], tuple[str, ...]]] = [("", {}, ())]
+    pairs += [(f" [{s}]", parse_ort(s), ()) for s in args.ort]
+    if args.no_gc_freeze_pair:
+        pairs.append((" [no-gc-freeze]", {}, ("--no-gc-freeze",)))
+    for suffix, overrides, extra in pairs:
         for kind, batch in (("headroom_dynamic", shipped_batch), ("headroom_batch1", 1)):
             repo = minilm_repo(tmp / f"t{len(targets)}", batch, overrides=overrides)
-            targets.append(headroom_target(kind + suffix, repo, high_rate=160.0 if batch > 1 else 80.0))
+            targets.append(headroom_target(kind + suffix, repo, high_rate=160.0 if batch > 1 else 80.0,
+                                           extra_args=extra))
     if not args.no_adaptive:
         targets.append(headroom_target("headroom_adaptive", minilm_repo(tmp / "ta", shipped_batch, "adaptive",
                                                                         args.slo_p99_ms), high_rate=160.0))

@@ -185,6 +185,9 @@ def test_disconnected_client_is_dropped_from_the_queue(server: RunningServer, te
 
 
 def test_metrics_expose_every_stage_histogram(server: RunningServer) -> None:
+    r = httpx.post(f"{server.url}/v2/models/echo/infer",  # labelled series appear once a request was served
+                   json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]})
+    assert r.status_code == 200, r.text
     text = httpx.get(server.url + "/metrics").text
     for family in ("headroom_queue_wait_seconds", "headroom_batch_wait_seconds", "headroom_preprocess_seconds",
                    "headroom_compute_seconds", "headroom_postprocess_seconds",
@@ -230,3 +233,9 @@ def test_dashboard_is_mounted_and_simulates(server: RunningServer) -> None:
     assert page.status_code == 200 and "<html" in page.text.lower()
     presets = httpx.get(f"{server.url}/dashboard/api/presets").json()
     assert presets["presets"]
+
+
+def test_the_start_up_heap_is_frozen_once_ready_and_collections_are_timed(server: RunningServer) -> None:
+    text = httpx.get(server.url + "/metrics").text
+    assert metric(text, "headroom_gc_frozen_objects") > 10_000  # modules, framework and models, frozen at ready
+    assert metric(text, "headroom_gc_pause_seconds_count", generation="0") >= 1  # young collections happen
