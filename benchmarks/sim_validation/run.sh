@@ -5,9 +5,11 @@
 #   defaults: sleep 30. MODEL `sleep` lives in benchmarks/sim_validation/models (CPU-free compute: isolates the
 #   queueing and batching the simulator models); other names come from ./models (minilm, digits, noop).
 # Writes benchmarks/results/sim_validation_<date>_<MODEL>[_<TAG>].json and prints the comparison table.
-# Calibration (defaults): 200 single-stream requests, then 15 s open loop at 0.15 of capacity
-# (--calibration-load / --calibration-duration; the in-service slowdown and the judged costs come from it),
-# and after the loads a 600-request closed-loop saturation check (--saturation-queries 0 to skip).
+# Calibration (defaults): 200 single-stream requests, a 600-request closed-loop saturation check
+# (--saturation-queries 0 to skip), 15 s open loop at 0.85 of capacity (--calibration-high-load: host CPU at
+# larger batches) and 15 s at 0.15 (--calibration-load / --calibration-duration: the in-service slowdown and
+# the judged costs). The loads are target utilisations (--load-basis capacity for fractions of capacity).
+# Repeat 3 times and take medians: benchmarks/sim_validation/summarise.py OUT.json RUN1.json RUN2.json RUN3.json
 # minilm, pinned, 20 s per load: about 2.5 minutes.
 # Quiet the machine first: other processes on the cores add latency the simulator does not model
 # (the load average is recorded in the JSON as environment.load_average).

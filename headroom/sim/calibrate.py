@@ -216,12 +216,15 @@ def usage_between(before: ServerReading, after: ServerReading, pid: int, model_t
 
 def measured_bench(server: RunningServer, model: str, cfg: BenchConfig, model_threads: int,
                    settle_gc: bool = True) -> tuple[RunOutcome, dict[str, float]]:
-    """Run the bench against the server and read what the server did meanwhile (`usage_between`); with
-    `settle_gc`, the generator's garbage is collected and frozen first (`settled_gc`)."""
+    """Run the bench against the server and read what the server did meanwhile (`usage_between`, plus `wall_s`,
+    the run's wall time); with `settle_gc`, the generator's garbage is collected and frozen first
+    (`settled_gc`)."""
     before = read_server(server, model)
+    start_s = time.monotonic()
     with settled_gc() if settle_gc else contextlib.nullcontext():
         outcome = asyncio.run(run_bench(cfg))
-    return outcome, usage_between(before, read_server(server, model), server.pid, model_threads)
+    wall_s = time.monotonic() - start_s
+    return outcome, usage_between(before, read_server(server, model), server.pid, model_threads) | {"wall_s": wall_s}
 
 
 def calibrate(server: RunningServer, model: str, workload: WorkloadSpec, queries: int, seed: int,

@@ -7,17 +7,20 @@ Steps (`run_validation`):
    (`headroom.sim.validate_profile`), or `--profile FILE`;
 2. the real server: `python -m headroom.cli.main serve --model M [--cpus C]` in a subprocess on a free loopback
    port (`headroom.sim.calibrate.real_server`); this process (the load generator) moves to `--generator-cpus`;
-3. calibration (`headroom.sim.calibrate`), three passes apart from the judged loads: a closed-loop,
+3. calibration (`headroom.sim.calibrate`), four passes apart from the judged loads: a closed-loop,
    single-stream run gives the per-batch executor cost that defines the *isolated* capacity,
    B_max / (T(B_max) + per-batch); a closed-loop saturation run (2 x B_max in flight, `saturation`) gives the
-   throughput the server really sustains and the host CPU per request at full batches; an open-loop Poisson
-   run at `calibration_load` (0.15) of the capacity the single-stream costs imply gives the judged fixed
-   per-request cost, per-batch cost, host CPU per request (split with saturation's into per-request and
-   per-batch work, `cpu_share.split_host_cpu`) and the in-service slowdown `service_time_scale` (executor
-   time per batch in the loaded server / the profile's, `headroom.sim.slowdown`);
-4. the bench (`headroom.loadgen.runner.run_bench`), open-loop Poisson at fractions of the capacity the
-   calibrated model implies: B_max / (scale x (T(B_max) + per-batch) + B_max x host per request + host per
-   batch), the *effective* capacity (the isolated one and the measured saturation are reported too);
+   throughput the server really sustains (reported); two open-loop Poisson runs at fractions of the capacity
+   the single-stream costs imply: at `calibration_high_load` (0.85) the host CPU per request at large batches,
+   and at `calibration_load` (0.15) the judged fixed per-request cost, per-batch cost, host CPU per request
+   (split with the high pass's into per-request and per-batch work, `cpu_share.split_host_cpu`) and the
+   in-service slowdown `service_time_scale` (executor time per batch in the loaded server / the profile's,
+   `headroom.sim.slowdown`);
+4. the bench (`headroom.loadgen.runner.run_bench`), open-loop Poisson at each judged load: by default a target
+   *utilisation*, the rate at which the calibrated simulator keeps the model busy that fraction of the time on
+   the schedule the bench sends (`headroom.sim.validate_loads`); or (`load_basis` capacity) a fraction of the
+   *effective* capacity B_max / (scale x (T(B_max) + per-batch) + B_max x host per request + host per batch).
+   The real server's busy fraction is measured at each load and reported beside the simulator's;
 5. the simulator on the SAME arrival schedule (same seed), 1 replica per model instance, the model's own
    batching policy (`headroom.server.dataplane.policy_config`), service time = (profile + executor cost) x
    scale, stretched by the host work of the arrivals and of each completion on the model's cores
@@ -53,13 +56,15 @@ from headroom.sim.calibrate import (
     saturation,
 )
 from headroom.sim.config import SimConfig
-from headroom.sim.cpu_share import split_host_cpu, stretch_factor
+from headroom.sim.cpu_share import split_host_cpu
 from headroom.sim.profile import ServiceProfile
-from headroom.sim.slowdown import effective_capacity_per_s, expected_busy_per_batch_s, service_time_scale
+from headroom.sim.slowdown import effective_capacity_per_s, service_time_scale
 from headroom.sim.validate_compare import compare_load, host_cost_s, host_share, opt_ms, opt_round
+from headroom.sim.validate_loads import LOAD_BASES, rate_for_utilisation
 from headroom.sim.validate_profile import measure_profile, pinned, pinned_repository, workload_for
+from headroom.sim.validate_report import overhead_json, slowdown_report, split_source, with_batch_overhead
 
-SCHEMA = "headroom.sim.validate/3"
+SCHEMA = "headroom.sim.validate/4"
 OVERHEAD_MODES = ("fixed", "empirical")
 
 
@@ -71,7 +76,8 @@ class ValidateConfig:
     model_repository: Path = Path("models")  # where the model lives
     profile_path: str | None = None  # a profile file to use instead of measuring one here
     profile_repeats: int = 30  # timed predict calls per batch size when profiling here
-    loads: tuple[float, ...] = (0.3, 0.5, 0.7, 0.9)  # fractions of the (effective) capacity to offer
+    loads: tuple[float, ...] = (0.3, 0.5, 0.7, 0.9)  # judged loads: target utilisations or capacity fractions
+    load_basis: str = "utilisation"  # what `loads` are: utilisation | capacity (`headroom.sim.validate_loads`)
     capacity_per_s: float = 0.0  # > 0: use this capacity (req/s) instead of the calibrated model's
     duration_s: float = 30.0  # seconds of Poisson arrivals per load
     warmup_queries: int = 20  # bench warm-up requests before each measured run (not measured)
@@ -89,8 +95,12 @@ class ValidateConfig:
     #   judged overhead, host CPU and in-service slowdown come from it; 0 = no pass (single-stream costs, scale 1)
     calibration_duration_s: float = 15.0  # seconds of Poisson arrivals in that pass
     saturation_queries: int = 600  # closed-loop calibration pass at 2 x B_max in flight (before the open-loop
-    #   pass): the throughput the server really sustains, and host CPU per request at full batches for the
-    #   per-request / per-batch split (0 = skip: all host CPU per request)
+    #   passes): the throughput the server really sustains (reported), and host CPU per request at full batches
+    #   for the per-request / per-batch split when there is no high-load pass (0 = skip)
+    calibration_high_load: float = 0.85  # open-loop calibration pass at this fraction of the calibration capacity
+    #   (after saturation): host CPU per request at large batches *under open-loop arrivals*, which splits the
+    #   low pass's host CPU into per-request and per-batch work (closed-loop saturation under-states it: its
+    #   requests arrive in bursts that share event-loop wake-ups); 0 = no pass (split with saturation's)
 
     def __post_init__(self) -> None:
         if not self.loads or any(not 0 < f < 1.5 for f in self.loads):
@@ -105,6 +115,13 @@ class ValidateConfig:
             raise ValueError(f"calibration_load must be in [0, 0.5) (a low load, apart from the judged ones; 0 = no "
                              f"open-loop pass) and calibration_duration_s > 0, got {self.calibration_load}, "
                              f"{self.calibration_duration_s}")
+        if self.load_basis not in LOAD_BASES:
+            raise ValueError(f"load_basis must be one of {', '.join(LOAD_BASES)}, got {self.load_basis!r}")
+        if self.load_basis == "utilisation" and any(f >= 1 for f in self.loads):
+            raise ValueError(f"target utilisations must be < 1, got {self.loads}")
+        if self.calibration_high_load != 0 and not 0.5 <= self.calibration_high_load <= 1.2:
+            raise ValueError(f"calibration_high_load must be 0 (no pass) or in [0.5, 1.2] (a high load, apart from "
+                             f"the judged ones), got {self.calibration_high_load}")
         if self.saturation_queries < 0:
             raise ValueError(f"saturation_queries must be >= 0 (0 = skip the pass), got {self.saturation_queries}")
         if self.model_threads < 0:
@@ -128,12 +145,6 @@ def capacity_per_s(profile: ServiceProfile, max_batch_size: int, per_batch_s: fl
     """Requests per second one instance sustains at full batches: B / (T(B) + executor cost)."""
     b = max(1, max_batch_size)
     return b / (profile.mean_service_s(b) + per_batch_s)
-
-
-def with_batch_overhead(profile: ServiceProfile, per_batch_s: float) -> ServiceProfile:
-    """The profile with a constant executor cost added to every batch size's mean."""
-    return replace(profile, service_times_s=tuple(t + per_batch_s for t in profile.service_times_s),
-                   name=f"{profile.name} + {per_batch_s * 1e3:.3f} ms/batch")
 
 
 def sim_config_for(config: ModelConfig, seed: int) -> SimConfig:
@@ -169,38 +180,9 @@ def _bench_load(server: RunningServer, cfg: ValidateConfig, fraction: float, rat
         "busy_per_batch_ms": used["busy_s"] / b * 1e3 if b else None,
         "host_cpu_per_request_ms": used["host_cpu_per_item_s"] * 1e3,
         "batch_thread_wait_per_batch_ms": used["batch_threads_wait_s"] / b * 1e3 if b else None,
-        "server_cpu_s": round(used["cpu_s"], 3), "batch_threads_cpu_s": round(used["batch_threads_cpu_s"], 3)}
+        "server_cpu_s": round(used["cpu_s"], 3), "batch_threads_cpu_s": round(used["batch_threads_cpu_s"], 3),
+        "utilisation": round(used["busy_s"] / used["wall_s"], 4) if used["wall_s"] > 0 else None}
     return spec, result
-
-
-def _overhead_json(o: Overhead) -> dict[str, Any]:
-    return {"mode": f"open loop, Poisson {o.rate_per_s:.2f} req/s" if o.rate_per_s else "single-stream closed loop",
-            "per_request_ms": opt_ms(o.per_request_s), "per_batch_ms": opt_ms(o.per_batch_s),
-            "p50_ms": opt_ms(o.single_stream_p50_s), "compute_p50_ms": opt_ms(o.single_stream_compute_p50_s),
-            "host_cpu_per_request_ms": opt_ms(o.host_cpu_per_request_s), "server_cpu_s": round(o.server_cpu_s, 3),
-            "batch_threads_cpu_s": round(o.batch_threads_cpu_s, 3), "requests": o.requests, "batches": o.batches,
-            "busy_per_batch_ms": opt_ms(o.busy_per_batch_s), "mean_batch_size": opt_round(o.mean_batch_size),
-            "batch_threads_cpu_per_batch_ms": opt_ms(o.batch_threads_cpu_s / o.batches) if o.batches else None}
-
-
-def _slowdown_report(open_loop: Overhead | None, single: Overhead, profile: ServiceProfile, host_cost: float,
-                     cfg: ValidateConfig, scale: float = 1.0) -> dict[str, Any]:
-    """How the in-service slowdown (`SimConfig.service_time_scale`) was measured, and what it compares."""
-    if open_loop is None:
-        return {"service_time_scale": 1.0, "measured": "not measured (calibration_load 0): the profile as is"}
-    expected = expected_busy_per_batch_s(with_batch_overhead(profile, open_loop.per_batch_s),
-                                         max(1.0, open_loop.mean_batch_size))
-    single_expected = expected_busy_per_batch_s(with_batch_overhead(profile, single.per_batch_s),
-                                                max(1.0, single.mean_batch_size))
-    return {"service_time_scale": round(scale, 4),
-            "measured": f"open-loop Poisson at {open_loop.rate_per_s:.2f} req/s ({cfg.calibration_load:g} of the "
-                        f"calibration capacity) for {cfg.calibration_duration_s:g} s: executor time per batch / "
-                        f"(profile + per-batch cost at the mean batch size x host-CPU stretch at that rate)",
-            "busy_per_batch_ms": opt_ms(open_loop.busy_per_batch_s), "expected_busy_per_batch_ms": opt_ms(expected),
-            "host_stretch_at_rate": opt_round(stretch_factor(open_loop.rate_per_s, host_cost)),
-            "mean_batch_size": opt_round(open_loop.mean_batch_size),
-            "batch_threads_cpu_per_batch_ms": opt_ms(open_loop.batch_threads_cpu_s / max(1, open_loop.batches)),
-            "single_stream_ratio": opt_round(single.busy_per_batch_s / single_expected) if single.batches else None}
 
 
 def run_validation(cfg: ValidateConfig, on_step: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
@@ -225,7 +207,7 @@ def run_validation(cfg: ValidateConfig, on_step: Callable[[str], None] = lambda 
             single = calibrate(server, cfg.model, workload, cfg.calibration_queries, cfg.seed, threads)
             cap_b = sim_base.policy.max_batch_size if sim_base.batching != "none" else 1
             isolated = capacity_per_s(with_batch_overhead(profile, single.per_batch_s), cap_b) * sim_base.replicas
-            overhead, scale, slow = single, 1.0, _slowdown_report(None, single, profile, 0.0, cfg)
+            overhead, scale, slow = single, 1.0, slowdown_report(None, single, profile, 0.0, cfg)
             # the saturation pass (before the open-loop pass, so that its after-effects settle before the judged
             # loads): the throughput the server really sustains, and host CPU per request at full batches, which
             # splits the low-load host CPU into per-request and per-batch work
@@ -242,28 +224,34 @@ def run_validation(cfg: ValidateConfig, on_step: Callable[[str], None] = lambda 
                             "host_cpu_per_request_ms": opt_ms(sat["host_cpu_per_request_s"]),
                             "busy_per_batch_ms": opt_ms(sat["busy_per_batch_s"]),
                             "mean_batch_size": opt_round(sat["mean_batch_size"])}
+            # the open-loop passes run at fractions of the capacity the single-stream costs imply (host work
+            # included: with a fast model the front end is the bottleneck), or of --capacity-per-s when given
+            base = cfg.capacity_per_s or effective_capacity_per_s(
+                cap_b, with_batch_overhead(profile, single.per_batch_s).mean_service_s(cap_b),
+                host_cost_s(single, profile, cfg.server_cores(), threads)) * sim_base.replicas
+
+            def open_loop_pass(fraction: float, seed: int) -> Overhead:
+                on_step(f"calibrating: open loop at {fraction * base:,.1f} req/s ({fraction:.0%} of {base:,.1f} "
+                        f"req/s) for {cfg.calibration_duration_s:g} s")
+                return calibrate(server, cfg.model, workload, cfg.calibration_queries, seed, threads,
+                                 rate_per_s=fraction * base, duration_s=cfg.calibration_duration_s)
+
+            high = open_loop_pass(cfg.calibration_high_load, cfg.seed + 3) if cfg.calibration_high_load > 0 else None
+            cal_rate = cfg.calibration_load * base
             if cfg.calibration_load > 0:
-                # a fraction of the capacity the single-stream costs imply (host work included: with a fast model
-                # the front end is the bottleneck), or of --capacity-per-s when given
-                base = cfg.capacity_per_s or effective_capacity_per_s(
-                    cap_b, with_batch_overhead(profile, single.per_batch_s).mean_service_s(cap_b),
-                    host_cost_s(single, profile, cfg.server_cores(), threads)) * sim_base.replicas
-                cal_rate = cfg.calibration_load * base
-                on_step(f"calibrating: open loop at {cal_rate:,.1f} req/s ({cfg.calibration_load:.0%} of "
-                        f"{base:,.1f} req/s) for {cfg.calibration_duration_s:g} s")
-                overhead = calibrate(server, cfg.model, workload, cfg.calibration_queries, cfg.seed + 1, threads,
-                                     rate_per_s=cal_rate, duration_s=cfg.calibration_duration_s)
+                overhead = open_loop_pass(cfg.calibration_load, cfg.seed + 1)
             per_req, per_batch = overhead.host_cpu_per_request_s, 0.0
-            if sat and sat["mean_batch_size"] >= 1 and overhead.mean_batch_size >= 1:
-                per_req, per_batch = split_host_cpu(overhead.host_cpu_per_request_s, overhead.mean_batch_size,
-                                                    sat["host_cpu_per_request_s"], sat["mean_batch_size"])
+            far = (high.host_cpu_per_request_s, high.mean_batch_size) if high is not None and high.batches else \
+                (sat["host_cpu_per_request_s"], sat["mean_batch_size"]) if sat else None
+            if far is not None and far[1] >= 1 and overhead.mean_batch_size >= 1:
+                per_req, per_batch = split_host_cpu(overhead.host_cpu_per_request_s, overhead.mean_batch_size, *far)
             host_cost = per_req * share
             host_batch = per_batch * share
             if cfg.calibration_load > 0:
                 cost = host_cost if cfg.host_cpu else 0.0
                 scale = service_time_scale(overhead.busy_per_batch_s, max(1.0, overhead.mean_batch_size),
                                            with_batch_overhead(profile, overhead.per_batch_s), cal_rate, cost)
-                slow = _slowdown_report(overhead, single, profile, cost, cfg, scale) | {
+                slow = slowdown_report(overhead, single, profile, cost, cfg, scale) | {
                     "calibration_capacity_per_s": round(base, 3),
                     "calibration_capacity": "--capacity-per-s" if cfg.capacity_per_s else
                     "single-stream costs: B_max / (T(B_max) + per-batch + B_max x host cost)"}
@@ -277,10 +265,15 @@ def run_validation(cfg: ValidateConfig, on_step: Callable[[str], None] = lambda 
                 measured["effective_over_measured"] = opt_round(effective / measured["throughput_per_s"]) \
                     if measured["throughput_per_s"] > 0 else None
             capacity = cfg.capacity_per_s or effective
+            judged_sim = replace(sim_base, host_cpu_per_request_s=host_cost if cfg.host_cpu else 0.0)
             rows = []
             for i, fraction in enumerate(cfg.loads):
-                rate, seed = fraction * capacity, cfg.seed + 1000 * (i + 1)
-                on_step(f"load {fraction:.0%}: {rate:,.1f} req/s for {cfg.duration_s:g} s (bench)")
+                seed = cfg.seed + 1000 * (i + 1)
+                rate = fraction * capacity
+                if cfg.load_basis == "utilisation":
+                    rate = rate_for_utilisation(fraction, judged_sim, sim_profile, cfg.duration_s, seed,
+                                                capacity).rate_per_s
+                on_step(f"load {fraction:.0%} {cfg.load_basis}: {rate:,.1f} req/s for {cfg.duration_s:g} s (bench)")
                 spec, real = _bench_load(server, cfg, fraction, rate, seed, workload, threads)
                 rows.append(compare_load(fraction, rate, real, replace(sim_base, seed=seed), sim_profile, overhead,
                                          spec, seed, cfg, host_cost, host_batch))
@@ -290,13 +283,15 @@ def run_validation(cfg: ValidateConfig, on_step: Callable[[str], None] = lambda 
         else "effective: B_max / (scale x (T(B_max) + per-batch))")
     return {
         "schema": SCHEMA, "model": cfg.model, "environment": environment() | {"load_average": os.getloadavg()},
-        "config": {"loads": list(cfg.loads), "duration_s": cfg.duration_s, "seed": cfg.seed,
+        "config": {"loads": list(cfg.loads), "load_basis": cfg.load_basis, "duration_s": cfg.duration_s,
+                   "seed": cfg.seed,
                    "target_rel_error": cfg.target_rel_error, "pass_up_to_load": cfg.pass_up_to_load,
                    "calibration_queries": cfg.calibration_queries, "profile_path": cfg.profile_path,
                    "overhead": cfg.overhead, "server_cpus": cfg.server_cpus, "generator_cpus": cfg.generator_cpus,
                    "model_threads": cfg.threads(), "host_cpu": cfg.host_cpu,
                    "calibration_load": cfg.calibration_load, "calibration_duration_s": cfg.calibration_duration_s,
-                   "saturation_queries": cfg.saturation_queries},
+                   "saturation_queries": cfg.saturation_queries,
+                   "calibration_high_load": cfg.calibration_high_load},
         "simulated": {"batching": sim_base.batching, "replicas": sim_base.replicas,
                       "max_batch_size": sim_base.policy.max_batch_size,
                       "max_queue_delay_ms": sim_base.policy.max_queue_delay_s * 1e3,
@@ -305,12 +300,11 @@ def run_validation(cfg: ValidateConfig, on_step: Callable[[str], None] = lambda 
                       "host_cpu_per_batch_ms": opt_ms(host_batch if cfg.host_cpu else 0.0),
                       "service_time_scale": round(scale, 4)},
         "profile": profile.to_json(),
-        "overhead": _overhead_json(overhead) | {"host_cost_per_arrival_ms": opt_ms(host_cost),
+        "overhead": overhead_json(overhead) | {"host_cost_per_arrival_ms": opt_ms(host_cost),
                                                 "host_cost_per_batch_ms": opt_ms(host_batch),
-                                                "host_split": "per request + per batch from the open-loop and "
-                                                              "saturation passes" if per_batch > 0 else
-                                                              "all per request"},
-        "single_stream_calibration": _overhead_json(single),
+                                                "host_split": split_source(high, sat, per_batch)},
+        "high_load_calibration": overhead_json(high) if high is not None else None,
+        "single_stream_calibration": overhead_json(single),
         "slowdown": slow,
         "capacity": {"isolated_per_s": isolated, "effective_per_s": effective, "used_per_s": capacity,
                      "service_time_scale": round(scale, 4), "source": source,

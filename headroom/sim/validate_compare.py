@@ -107,13 +107,14 @@ def compare_load(fraction: float, rate: float, real: dict[str, Any], sim_cfg: Si
         usage["slowdown_at_load"] = round(service_time_scale(usage["busy_per_batch_ms"] / 1e3,
                                                              usage["mean_batch_size"], profile, rate, host_cost), 4)
     return {
-        "load_fraction": fraction, "rate_per_s": rate, "requests": int(arrivals.size),
+        "load_fraction": fraction, "load_basis": cfg.load_basis, "rate_per_s": rate, "requests": int(arrivals.size),
         "real": {"p50_ms": opt_ms(real_p50), "p99_ms": opt_ms(real_p99), "mean_batch_size": opt_round(real_batch),
                  "completed": real["counts"]["completed"],
                  "compute_mean_ms": stages.get("compute", {}).get("mean_ms"),
                  "queue_mean_ms": stages.get("queue", {}).get("mean_ms"),
                  "throughput_per_s": real["throughput"]["requests_per_s"], "errors": real["counts"]["errors"],
                  "late_fraction": real["generator"]["late_fraction"], "valid": real["scenario"]["valid"],
+                 "utilisation": usage.get("utilisation"),
                  "server_usage": usage},
         "sim": {"p50_ms": opt_ms(sim_p50), "p99_ms": opt_ms(sim_p99), "mean_batch_size": opt_round(res.mean_batch_size),
                 "utilisation": opt_round(res.utilisation), "throughput_per_s": res.throughput_per_s,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -11,16 +10,11 @@ import numpy as np
 
 from headroom.loadgen.collector import Collector
 from headroom.loadgen.records import RequestRecord, Slo
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_benchmarks_md.py"
+from tests.support.scripts import load_script
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_benchmarks_md", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/make_benchmarks_md.py")
 
 
 def _result(label: str, latency_ms: float, rate: float) -> dict[str, object]:

@@ -112,7 +112,9 @@ def test_pinned_restores_the_affinity_and_refuses_unavailable_cpus() -> None:
 @pytest.mark.parametrize("kwargs", [{"loads": ()}, {"loads": (0.0,)}, {"duration_s": 0.0}, {"overhead": "magic"},
                                     {"capacity_per_s": -1.0}, {"model_threads": -1}, {"server_cpus": "x"},
                                     {"calibration_load": 0.7}, {"calibration_load": -0.1},
-                                    {"calibration_duration_s": 0.0}, {"saturation_queries": -1}])
+                                    {"calibration_duration_s": 0.0}, {"saturation_queries": -1},
+                                    {"load_basis": "rate"}, {"loads": (0.5, 1.2)}, {"calibration_high_load": 0.3},
+                                    {"calibration_high_load": 2.0}])
 def test_bad_settings_are_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         ValidateConfig(model="digits", **kwargs)  # type: ignore[arg-type]
@@ -131,11 +133,12 @@ def test_short_validation_against_the_real_server(tmp_path: Path) -> None:
         "sim", "--validate", "--model", "digits", "--model-repository", str(MODELS), "--loads", "0.3,0.8",
         "--capacity-per-s", "40", "--duration", "2", "--calibration-queries", "30", "--seed", "5",
         "--server-cpus", cpu, "--generator-cpus", cpu, "--json", str(out), "--calibration-duration", "2",
-        "--saturation-queries", "200",
+        "--saturation-queries", "200", "--load-basis", "capacity",
     ])
     assert result.exit_code in (0, 1), result.output  # 1 = accuracy target missed (not judged here)
     report = json.loads(out.read_text())
-    assert report["schema"] == "headroom.sim.validate/3" and report["model"] == "digits"
+    assert report["schema"] == "headroom.sim.validate/4" and report["model"] == "digits"
+    assert report["config"]["load_basis"] == "capacity"
     assert report["config"]["server_cpus"] == cpu and report["config"]["model_threads"] == 1
     assert report["profile"]["meta"]["cpus"] == [int(cpu)] and report["profile"]["meta"]["intra_op_threads"] == 1
     meta = report["profile"]["meta"]
@@ -161,7 +164,11 @@ def test_short_validation_against_the_real_server(tmp_path: Path) -> None:
     sat = cap["measured_saturation"]  # the closed-loop check at 2 x B_max in flight
     assert sat["concurrency"] == 64 and sat["throughput_per_s"] > 0 and sat["errors"] == 0
     assert sat["effective_over_measured"] == pytest.approx(cap["effective_per_s"] / sat["throughput_per_s"], rel=1e-3)
-    # host CPU per request at the open-loop pass's batches and at saturation's: per request + per batch / B
+    # host CPU per request at the low open-loop pass's batches and at the high one's: per request + per batch / B
+    high = report["high_load_calibration"]
+    assert high["mode"] == "open loop, Poisson 34.00 req/s" and high["requests"] > 0  # 0.85 of --capacity-per-s
+    if ov["host_cost_per_batch_ms"] > 0:
+        assert "high-load open-loop pass" in ov["host_split"]
     assert ov["host_cost_per_arrival_ms"] >= 0 and ov["host_cost_per_batch_ms"] >= 0
     assert report["simulated"]["host_cpu_per_batch_ms"] == ov["host_cost_per_batch_ms"]
     assert report["overhead"]["per_request_ms"] > 0 and report["overhead"]["per_batch_ms"] >= 0
@@ -179,6 +186,7 @@ def test_short_validation_against_the_real_server(tmp_path: Path) -> None:
         assert row["rel_error"]["p50"] == pytest.approx(row["sim"]["p50_ms"] / row["real"]["p50_ms"] - 1, abs=1e-3)
         assert row["real"]["mean_batch_size"] >= 1 and row["sim"]["mean_batch_size"] >= 1
         assert row["real"]["server_usage"]["slowdown_at_load"] > 0  # the scale's diagnostic at each load
+        assert 0 < row["real"]["utilisation"] <= 1.05 and row["load_basis"] == "capacity"
         assert row["sim_without_host_cpu"]["p50_ms"] <= row["sim"]["p50_ms"]  # host work only slows batches
         assert row["judged"] is judged and (row["pass"] is None) is (not judged)
     assert report["verdict"]["judged_loads"] == [0.3]
@@ -214,8 +222,8 @@ def test_a_model_that_sleeps_loses_nothing_to_host_cpu(tmp_path: Path) -> None:
     repo = Path(__file__).resolve().parents[2] / "benchmarks" / "sim_validation" / "models"
     cfg = ValidateConfig(model="sleep", model_repository=repo, loads=(0.2,), duration_s=2.0, profile_repeats=5,
                          calibration_queries=20, warmup_queries=5, server_cpus=str(min(os.sched_getaffinity(0))),
-                         calibration_load=0.0, saturation_queries=0)  # no slowdown: capacities differ by host work only
-    report = run_validation(cfg)
+                         calibration_load=0.0, saturation_queries=0, calibration_high_load=0.0)
+    report = run_validation(cfg)  # no slowdown pass: capacities differ by host work only
     assert report["profile"]["meta"]["busy_fraction"] < 0.2
     assert report["overhead"]["host_cpu_per_request_ms"] > 0
     assert report["overhead"]["host_cost_per_arrival_ms"] < 0.2 * report["overhead"]["host_cpu_per_request_ms"]
@@ -223,6 +231,13 @@ def test_a_model_that_sleeps_loses_nothing_to_host_cpu(tmp_path: Path) -> None:
     assert cap["effective_per_s"] == pytest.approx(cap["isolated_per_s"], rel=0.01)
     assert cap["service_time_scale"] == 1.0 and report["overhead"]["mode"] == "single-stream closed loop"
     assert report["config"]["model_threads"] == 1 and report["profile"]["meta"]["intra_op_threads"] is None
+    # the load is a target utilisation: the simulator was 20 % busy at the rate chosen, on the bench's schedule,
+    # and the real server's own busy fraction is reported beside it
+    (row,) = report["loads"]
+    assert report["config"]["load_basis"] == "utilisation" and row["load_basis"] == "utilisation"
+    assert row["sim"]["utilisation"] == pytest.approx(0.2, abs=0.003)
+    assert 0 < row["real"]["utilisation"] <= 1.05
+    assert report["high_load_calibration"] is None and report["overhead"]["host_split"] == "all per request"
 
 
 def test_settled_gc_freezes_the_generators_heap_for_a_run_and_restores_it() -> None:
