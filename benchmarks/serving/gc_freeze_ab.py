@@ -63,9 +63,13 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=6, help="runs per server (order alternates)")
     ap.add_argument("--start-no-freeze-first", action="store_true",
                     help="start the --no-gc-freeze server first (checks that start order is not what differs)")
+    ap.add_argument("--aa", action="store_true",
+                    help="A/A control: two identical default servers (`a`, `b`): the spread the A/B must beat")
     args = ap.parse_args()
-    flags = {"freeze": [], "no_freeze": ["--no-gc-freeze"]}
+    flags: dict[str, list[str]] = {"freeze": [], "no_freeze": ["--no-gc-freeze"]}
     names = ["no_freeze", "freeze"] if args.start_no_freeze_first else ["freeze", "no_freeze"]
+    if args.aa:
+        flags, names = {"a": [], "b": []}, ["a", "b"]
     servers = {name: start(flags[name]) for name in names}
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in servers}
     load_start = os.getloadavg()
@@ -98,7 +102,7 @@ def main() -> None:
            "machine": {"cpus": os.cpu_count(), "load_average_start": load_start, "load_average_end": os.getloadavg()},
            "rate_per_s": args.rate, "duration_s": args.duration, "start_order": names, "runs": runs,
            "medians": medians}
-    suffix = "_no_freeze_started_first" if args.start_no_freeze_first else ""
+    suffix = "_aa" if args.aa else "_no_freeze_started_first" if args.start_no_freeze_first else ""
     path = ROOT / "benchmarks" / "results" / f"gc_freeze_ab_{time.strftime('%Y-%m-%d')}{suffix}.json"
     path.write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(medians, indent=2))
