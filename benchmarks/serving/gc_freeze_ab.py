@@ -13,6 +13,7 @@ of several minutes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -25,28 +26,9 @@ from pathlib import Path
 import httpx
 
 from headroom.loadgen.scrape import parse_prometheus_text
-from headroom.router.replicas import free_port
-from headroom.sim.calibrate import process_cpu_s
+from headroom.sim.calibrate import process_cpu_s, real_server
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def start(extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "headroom.cli.main", "serve", "--model", "minilm", "--http-port",
-                             str(port), "--grpc-port", "-1", "--no-access-log", "--log-level", "warning", *extra],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"server {extra} not ready after 180 s")
 
 
 def full_gcs(url: str) -> tuple[float, float]:
@@ -70,32 +52,30 @@ def main() -> None:
     names = ["no_freeze", "freeze"] if args.start_no_freeze_first else ["freeze", "no_freeze"]
     if args.aa:
         flags, names = {"a": [], "b": []}, ["a", "b"]
-    servers = {name: start(flags[name]) for name in names}
-    runs: dict[str, list[dict[str, float]]] = {k: [] for k in servers}
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in names}
     load_start = os.getloadavg()
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for i in range(args.pairs):
-                order = list(servers) if i % 2 == 0 else list(servers)[::-1]
-                for name in order:
-                    proc, url = servers[name]
-                    out = Path(tmp) / f"{name}_{i}.json"
-                    cpu0, (n0, s0) = process_cpu_s(proc.pid), full_gcs(url)
-                    subprocess.run([sys.executable, "-m", "headroom.cli.main", "bench", "run", url, "-m", "minilm",
-                                    "-p", "openai-embeddings", "-r", str(args.rate), "-d", str(args.duration),
-                                    "--json", str(out), "--quiet"], cwd=ROOT, check=True,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    cpu, (n1, s1) = process_cpu_s(proc.pid) - cpu0, full_gcs(url)
-                    res = json.loads(out.read_text())
-                    done = max(1, int(res["counts"]["completed"]))
-                    row = {"p50_ms": res["latency_ms"]["p50_ms"], "p99_ms": res["latency_ms"]["p99_ms"],
-                           "cpu_ms_per_request": cpu / done * 1e3, "full_gcs": n1 - n0,
-                           "full_gc_pause_ms": (s1 - s0) * 1e3}
-                    runs[name].append(row)
-                    print(f"pair {i + 1} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()), flush=True)
-    finally:
-        for proc, _ in servers.values():
-            proc.terminate()
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        servers = {name: stack.enter_context(real_server("minilm", ROOT / "models", 180.0, Path(tmp) / f"{name}.log",
+                                                         extra_args=tuple(flags[name])))
+                   for name in names}
+        for i in range(args.pairs):
+            order = list(servers) if i % 2 == 0 else list(servers)[::-1]
+            for name in order:
+                server = servers[name]
+                out = Path(tmp) / f"{name}_{i}.json"
+                cpu0, (n0, s0) = process_cpu_s(server.pid), full_gcs(server.url)
+                subprocess.run([sys.executable, "-m", "headroom.cli.main", "bench", "run", server.url, "-m", "minilm",
+                                "-p", "openai-embeddings", "-r", str(args.rate), "-d", str(args.duration),
+                                "--json", str(out), "--quiet"], cwd=ROOT, check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                cpu, (n1, s1) = process_cpu_s(server.pid) - cpu0, full_gcs(server.url)
+                res = json.loads(out.read_text())
+                done = max(1, int(res["counts"]["completed"]))
+                row = {"p50_ms": res["latency_ms"]["p50_ms"], "p99_ms": res["latency_ms"]["p99_ms"],
+                       "cpu_ms_per_request": cpu / done * 1e3, "full_gcs": n1 - n0,
+                       "full_gc_pause_ms": (s1 - s0) * 1e3}
+                runs[name].append(row)
+                print(f"pair {i + 1} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()), flush=True)
     medians = {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for name, rows in runs.items()}
     doc = {"benchmark": "gc_freeze_ab", "command": " ".join([Path(sys.executable).name, *sys.argv]),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

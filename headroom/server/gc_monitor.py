@@ -36,6 +36,8 @@ class GcMonitor:
         self.pause_seconds = Histogram("headroom_gc_pause_seconds", "Duration of each garbage collection "
                                        "(the whole process stops meanwhile), by generation", ["generation"],
                                        registry=registry, buckets=GC_PAUSE_BUCKETS_S)
+        # one child per generation, bound once: the callback runs at every young collection (hundreds a second)
+        self._pause_by_generation = {g: self.pause_seconds.labels(str(g)) for g in range(3)}
         self.frozen_objects = Gauge("headroom_gc_frozen_objects", "Objects moved to the collector's permanent "
                                     "generation when the models were loaded", registry=registry)
         self._started_s = 0.0
@@ -45,7 +47,9 @@ class GcMonitor:
         if phase == "start":
             self._started_s = time.perf_counter()
         elif self._started_s > 0:
-            self.pause_seconds.labels(str(info.get("generation", "?"))).observe(time.perf_counter() - self._started_s)
+            generation = info.get("generation", 0)
+            child = self._pause_by_generation.get(generation) or self.pause_seconds.labels(str(generation))
+            child.observe(time.perf_counter() - self._started_s)
             self._started_s = 0.0
 
     def freeze_heap(self) -> int:

@@ -129,14 +129,16 @@ def settled_gc() -> Iterator[None]:
 
 @contextlib.contextmanager
 def real_server(model: str, repository: Path, timeout_s: float, log_path: Path,
-                cpus: str = "") -> Iterator[RunningServer]:
-    """Run `headroom serve --model M` (pinned to `cpus` if given) in a subprocess; yield it once ready."""
+                cpus: str = "", extra_args: tuple[str, ...] = ()) -> Iterator[RunningServer]:
+    """Run `headroom serve --model M [extra_args]` (pinned to `cpus` if given) in a subprocess; yield it once
+    ready; terminate it (kill after 30 s) on exit."""
     port = free_port()
     cmd = [sys.executable, "-m", "headroom.cli.main", "serve", "--model-repository", str(repository),
            "--model", model, "--http-port", str(port), "--grpc-port", "-1", "--no-access-log",
            "--log-level", "warning"]
     if cpus:
         cmd += ["--cpus", cpus]
+    cmd += extra_args
     url = f"http://127.0.0.1:{port}"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())

@@ -59,7 +59,7 @@ from headroom.sim.config import SimConfig
 from headroom.sim.cpu_share import split_host_cpu
 from headroom.sim.profile import ServiceProfile
 from headroom.sim.slowdown import effective_capacity_per_s, service_time_scale
-from headroom.sim.validate_compare import compare_load, host_cost_s, host_share, opt_ms, opt_round
+from headroom.sim.validate_compare import compare_load, host_config, host_cost_s, host_share, opt_ms, opt_round
 from headroom.sim.validate_loads import LOAD_BASES, rate_for_utilisation
 from headroom.sim.validate_profile import measure_profile, pinned, pinned_repository, workload_for
 from headroom.sim.validate_report import overhead_json, slowdown_report, split_source, with_batch_overhead
@@ -265,7 +265,7 @@ def run_validation(cfg: ValidateConfig, on_step: Callable[[str], None] = lambda 
                 measured["effective_over_measured"] = opt_round(effective / measured["throughput_per_s"]) \
                     if measured["throughput_per_s"] > 0 else None
             capacity = cfg.capacity_per_s or effective
-            judged_sim = replace(sim_base, host_cpu_per_request_s=host_cost if cfg.host_cpu else 0.0)
+            judged_sim = host_config(sim_base, cfg.host_cpu, host_cost, host_batch)
             rows = []
             for i, fraction in enumerate(cfg.loads):
                 seed = cfg.seed + 1000 * (i + 1)
@@ -302,7 +302,7 @@ def run_validation(cfg: ValidateConfig, on_step: Callable[[str], None] = lambda 
         "profile": profile.to_json(),
         "overhead": overhead_json(overhead) | {"host_cost_per_arrival_ms": opt_ms(host_cost),
                                                 "host_cost_per_batch_ms": opt_ms(host_batch),
-                                                "host_split": split_source(high, sat, per_batch)},
+                                                "host_split": split_source(high, per_batch)},
         "high_load_calibration": overhead_json(high) if high is not None else None,
         "single_stream_calibration": overhead_json(single),
         "slowdown": slow,

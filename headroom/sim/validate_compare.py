@@ -66,6 +66,12 @@ def host_cost_s(overhead: Overhead, profile: ServiceProfile, server_cores: int, 
     return overhead.host_cpu_per_request_s * host_share(profile, server_cores, model_threads)
 
 
+def host_config(sim_cfg: SimConfig, on: bool, host_cost: float, host_batch: float) -> SimConfig:
+    """`sim_cfg` with the host-CPU terms (`on`: per arrival and per batch) or without them."""
+    return replace(sim_cfg, host_cpu_per_request_s=host_cost if on else 0.0,
+                   host_cpu_per_batch_s=host_batch if on else 0.0)
+
+
 def _simulated(sim_cfg: SimConfig, profile: ServiceProfile, overhead: Overhead, arrivals: npt.NDArray[np.float64],
                seed: int) -> tuple[Any, tuple[float, float], tuple[float, float]]:
     res = simulate(sim_cfg, profile, arrivals)
@@ -80,10 +86,10 @@ def compare_load(fraction: float, rate: float, real: dict[str, Any], sim_cfg: Si
     """Simulate one load on the bench's own schedule (with and without the host-CPU term) and compare with the
     bench's result; the judged simulation is the one `cfg.host_cpu` selects."""
     arrivals = make_schedule(spec, np.random.default_rng(seed))
-    with_host = replace(sim_cfg, host_cpu_per_request_s=host_cost, host_cpu_per_batch_s=host_batch)
-    without = replace(sim_cfg, host_cpu_per_request_s=0.0, host_cpu_per_batch_s=0.0)
-    res, fixed_pct, drawn_pct = _simulated(with_host if cfg.host_cpu else without, profile, overhead, arrivals, seed)
-    _, alt_fixed, alt_drawn = _simulated(without if cfg.host_cpu else with_host, profile, overhead, arrivals, seed)
+    judged_cfg = host_config(sim_cfg, cfg.host_cpu, host_cost, host_batch)
+    other_cfg = host_config(sim_cfg, not cfg.host_cpu, host_cost, host_batch)
+    res, fixed_pct, drawn_pct = _simulated(judged_cfg, profile, overhead, arrivals, seed)
+    _, alt_fixed, alt_drawn = _simulated(other_cfg, profile, overhead, arrivals, seed)
     sim_p50, sim_p99 = fixed_pct if cfg.overhead == "fixed" else drawn_pct
     alt_p50, alt_p99 = alt_fixed if cfg.overhead == "fixed" else alt_drawn
     real_p50 = float(real["latency_ms"]["p50_ms"]) / 1e3

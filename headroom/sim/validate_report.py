@@ -52,7 +52,8 @@ def slowdown_report(open_loop: Overhead | None, single: Overhead, profile: Servi
             "single_stream_ratio": opt_round(single.busy_per_batch_s / single_expected) if single.batches else None}
 
 
-def split_source(high: Overhead | None, sat: dict[str, float], per_batch_s: float) -> str:
+def split_source(high: Overhead | None, per_batch_s: float) -> str:
+    """Which calibration passes the per-request / per-batch host-CPU split came from."""
     if per_batch_s <= 0:
         return "all per request"
     far = "the high-load open-loop pass" if high is not None and high.batches else "the saturation pass"
