@@ -89,6 +89,11 @@ class EngineConfig:
     # "auto" (the C paged-attention kernel, headroom.llm.kernels, on CPU fp32 when it builds; else torch ops) |
     # "torch" | "kernel" (fail at startup when the kernel cannot be built or used)
     attention_backend: str = "auto"
+    # "auto" (int8 weights on CPU: a decode step of up to kernel_decode_max_seqs sequences runs as ONE C call,
+    # headroom.llm.kernels.int8_decode; activations quantised per row) | "torch" (always the modules) |
+    # "kernel" (fail at startup when it cannot be used)
+    decode_backend: str = "auto"
+    kernel_decode_max_seqs: int = 4  # larger decode steps use the modules (FBGEMM's int8 GEMM is faster there)
     swap_space_mb: float = 0.0  # host memory for swap preemption; 0 = preempt by recompute only
     speculative_ngram_tokens: int = 0  # prompt-lookup speculative decoding: draft length; 0 = off
     speculative_draft_model: str = ""  # draft-model speculation: a .gguf, HF directory or package: ("" = off)
@@ -120,6 +125,13 @@ class EngineConfig:
             raise ValueError(
                 f"attention_backend {self.attention_backend!r}: use auto (the C kernel when it builds), torch or kernel"
             )
+        if self.decode_backend not in ("auto", "torch", "kernel"):
+            raise ValueError(
+                f"decode_backend {self.decode_backend!r}: use auto (the C int8 decode step when it applies), torch "
+                "or kernel"
+            )
+        if self.kernel_decode_max_seqs < 0:
+            raise ValueError("kernel_decode_max_seqs must be >= 0 (0 = never use the C decode step)")
         if self.wide_step_min_tokens < 1:
             raise ValueError("wide_step_min_tokens must be >= 1 (32 is usual)")
         if self.swap_space_mb < 0:

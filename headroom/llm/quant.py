@@ -10,6 +10,9 @@ The quantised weights of the *fused* model (`int8_state_dict`) are cached next t
 builds the int8 linears from them without concatenating or quantising fp32 weights at start-up. Cached and
 on-the-fly quantisation run the same function, so both give identical outputs.
 
+Small decode steps skip these modules: `headroom.llm.kernels.int8_decode` runs them in one C call on the same int8
+weights (`qweight`/`scales`), with activations quantised per row (`decode_backend`).
+
 Caveats (why it is opt-in, `weight_dtype: int8` or `int8_on_cpu`): outputs differ slightly from fp32
 (greedy text may diverge after some tokens), and activation scales are per call (the whole flat batch), so a
 sequence's logits depend a little on what else is in the step: outputs are not bit-identical across batch
@@ -65,6 +68,11 @@ class Int8DynamicLinear(nn.Module):
             self._packed = torch.ops.quantized.linear_prepack(qweight, b)
         self.in_features = q.shape[1]  # input width
         self.out_features = q.shape[0]  # output width
+        # the plain int8 weights, scales and bias too, for the C decode step (headroom.llm.kernels.int8_decode);
+        # read from the int8 cache they are views of the memory-mapped file (page cache, not process memory)
+        self.qweight = q.contiguous()  # [out, in] int8
+        self.scales = scales.float().contiguous()  # [out] fp32
+        self.bias_fp32 = b  # [out] fp32 or None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2:  # the decoder's flat batch: no reshapes (each costs as much as a small kernel here)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from headroom.llm.config import DecoderConfig, EngineConfig
+from headroom.llm.kernels.int8_decode import select_decode_kernel
 from headroom.llm.kernels.paged_attention import PagedAttentionKernel, select_attention_kernel
 from headroom.llm.model import AttentionGroup, AttentionMetadata, DecoderForCausalLM
 from headroom.llm.quant import prepare_int8
@@ -243,6 +244,11 @@ class TorchRunner:
         heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim_resolved, self.block_size)
         # the C paged-attention kernel (CPU fp32) or None = torch ops (see headroom.llm.kernels.paged_attention)
         self.attention_kernel = select_attention_kernel(engine.attention_backend, self.device, self.dtype, heads)
+        # small int8 decode steps as one C call (headroom.llm.kernels.int8_decode), or None
+        self.decode_kernel = select_decode_kernel(
+            engine.decode_backend, model, self.kv_caches, self.block_size, engine.kernel_decode_max_seqs,
+            self.attention_kernel is not None,
+        )  # fmt: skip
 
     @property
     def threads_now(self) -> int:
@@ -269,6 +275,8 @@ class TorchRunner:
         return out
 
     def _forward(self, batch: ModelBatch) -> torch.Tensor:
+        if self.decode_kernel is not None and self.decode_kernel.serves(batch):
+            return self.decode_kernel.decode(batch, torch.get_num_threads())
         ids, pos, meta, logits_idx = build_metadata(batch, self.device, self.attention_kernel)
         with torch.inference_mode():
             logits: torch.Tensor = self.model(ids, pos, self.kv_caches, meta, logits_idx)

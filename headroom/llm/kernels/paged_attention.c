@@ -12,23 +12,11 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define HR_AVX2 1
-#else
-#define HR_AVX2 0
-#endif
+#include "common.h"
 
-int hr_abi_version(void) { return 1; }
+int hr_abi_version(void) { return 2; }
 
 int hr_has_avx2(void) { return HR_AVX2; }
-
-/* x * cos + roll(x, D/2) * sin_signed (the rotate-half RoPE of headroom.llm.model.apply_rotary) */
-static inline void rope_row(const float *x, const float *c, const float *s, float *o, int64_t d) {
-    const int64_t half = d / 2;
-    for (int64_t i = 0; i < half; i++) o[i] = x[i] * c[i] + x[i + half] * s[i];
-    for (int64_t i = half; i < d; i++) o[i] = x[i] * c[i] + x[i - half] * s[i];
-}
 
 /* One step's fused q/k/v projection output [T, (H + 2 Hkv) * D] (contiguous): rotate q into q_out [T, H, D],
  * rotate k and copy v into their cache slots. cos / sin_signed: [T, D] rows for each token's position. */
@@ -48,35 +36,6 @@ void hr_rope_write_kv(const float *qkv, int64_t num_tokens, int64_t num_heads, i
     }
 }
 
-#if HR_AVX2
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* exp for x <= 0 (Cephes expf: range reduction by ln 2, degree-5 polynomial, ~1-2 ulp); inputs below
- * -87.3 give ~1e-38 instead of 0 (callers only pass x = score - running max, never -inf) */
-static inline __m256 exp256(__m256 x) {
-    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3365447505531f));
-    __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-    fx = _mm256_floor_ps(fx);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    const __m256 z = _mm256_mul_ps(x, x);
-    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-    y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i n = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
-}
-#endif
 
 static inline float dot(const float *a, const float *b, int64_t d, int vec) {
 #if HR_AVX2
@@ -126,7 +85,7 @@ static inline void axpy(float *acc, const float *v, float p, int64_t d, int vec)
 }
 
 /* The `group` query heads sharing kv head `kv` of one sequence: online softmax over its blocks. */
-static void attend_one(const float *q, const float *k_head, const float *v_head, const int64_t *table,
+void hr_attend_one(const float *q, const float *k_head, const float *v_head, const int64_t *table,
                        int64_t seq_len, int64_t block_size, int64_t group, int64_t d, float scale, float *out,
                        int vec) {
     const int64_t padded = (block_size + 7) / 8 * 8;
@@ -179,7 +138,7 @@ void hr_paged_decode_attention(const float *q, int64_t q_row_stride, const int64
 #pragma omp parallel for schedule(static, 1) if (total_keys * num_kv_heads >= min_parallel_keys)
     for (int64_t task = 0; task < tasks; task++) {
         const int64_t b = task / num_kv_heads, h = task % num_kv_heads;
-        attend_one(q + q_rows[b] * q_row_stride + h * group * d, k_cache + h * num_slots * d,
+        hr_attend_one(q + q_rows[b] * q_row_stride + h * group * d, k_cache + h * num_slots * d,
                    v_cache + h * num_slots * d, block_tables + b * max_blocks, seq_lens[b], block_size, group, d,
                    scale, out + (b * num_heads + h * group) * d, vec);
     }

@@ -1,4 +1,4 @@
-"""The CPU paged-attention kernel: build (system C compiler, cached), load (ctypes) and call.
+"""The CPU paged-attention kernel: load (ctypes, built by `headroom.llm.kernels.build`) and call.
 
 `paged_attention.c` holds two functions the fp32 CPU forward uses instead of ~15 torch ops per layer:
 `hr_rope_write_kv` rotates the step's q/k (RoPE) and writes k/v straight into their cache slots, and
@@ -6,11 +6,8 @@
 its block table (no gather copy of the context), with an online softmax, all query heads of a kv head
 together (GQA), OpenMP across (sequence, kv head).
 
-Built on first use with `cc -O3 -march=native -ffp-contract=off -fopenmp` (no fast-math: IEEE ops, explicit
-AVX2/FMA only where the CPU has them) into `$HEADROOM_CACHE_DIR/kernels/<hash>.so` (`~/.cache/headroom` by
-default); the hash covers the source, the flags, the compiler and the CPU's flags, so a different machine
-or compiler builds its own. The library's `NEEDED libgomp.so.1` resolves to the libgomp torch has already
-loaded (same soname), so there is ONE OpenMP runtime and the kernel uses torch's thread count.
+Built on first use with the system C compiler into one cached library with the other kernels (see `build`);
+its OpenMP runtime is torch's, and the kernel uses torch's thread count.
 No compiler, a failed build, or a CPU/dtype it does not serve: `select_attention_kernel` returns None (torch
 path) with one log line, unless the backend was forced to `kernel`.
 """
@@ -19,84 +16,27 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from headroom.llm.kernels.build import (
+    KernelUnavailableError,
+    build_library,
+    kernel_cache_dir,
+    load_library,
+    open_library,
+)
+
 if TYPE_CHECKING:
     from headroom.llm.model import AttentionGroup
 
 log = logging.getLogger("headroom.llm")
-SOURCE = Path(__file__).with_name("paged_attention.c")
-BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
-ABI_VERSION = 1
 BACKENDS = ("auto", "torch", "kernel")
 MAX_BLOCK_SIZE_TOKENS = 256  # stack buffers in the kernel are sized by block size x query heads per kv head
 MAX_GROUP_X_HEAD_DIM = 16384  # (query heads per kv head) x head_dim floats of accumulators on the stack
-
-
-class KernelUnavailableError(RuntimeError):
-    """The kernel cannot be built or loaded here (no compiler, build error, unsupported platform)."""
-
-
-def kernel_cache_dir() -> Path:
-    """`$HEADROOM_CACHE_DIR/kernels` (default `~/.cache/headroom/kernels`)."""
-    root = os.environ.get("HEADROOM_CACHE_DIR") or str(Path.home() / ".cache" / "headroom")
-    return Path(root) / "kernels"
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def build_library(arch_flags: tuple[str, ...] = ("-march=native",), cache_dir: Path | None = None) -> Path:
-    """Compile `paged_attention.c` (or reuse the cached build) and return the `.so` path.
-    `arch_flags` pick the instruction set (`("-march=x86-64",)` builds the portable scalar path)."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise KernelUnavailableError("no C compiler (install gcc, or set CC)")
-    if not SOURCE.exists():
-        raise KernelUnavailableError(f"kernel source {SOURCE} is missing from the installed package")
-    flags = (*BASE_FLAGS, *arch_flags)
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise KernelUnavailableError(f"C compiler {cc} does not run: {exc}") from exc
-    key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(), " ".join(flags), version, _cpu_flags(), platform.machine()]).encode()
-    ).hexdigest()[:24]
-    out_dir = cache_dir or kernel_cache_dir()
-    target = out_dir / f"paged_attention-{key}.so"
-    if target.exists():
-        return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)  # compile aside, then rename: concurrent builds are safe
-    os.close(fd)
-    try:
-        proc = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            raise KernelUnavailableError(f"{cc} failed to build the kernel: {proc.stderr.strip()[-400:]}")
-        os.replace(tmp, target)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise KernelUnavailableError(f"building the kernel with {cc} failed: {exc}") from exc
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
 
 
 _P = ctypes.c_void_p
@@ -104,17 +44,14 @@ _I = ctypes.c_int64
 
 
 class PagedAttentionKernel:
-    """The loaded library; methods take torch tensors (CPU, fp32) and pass their pointers."""
+    """The loaded library's attention functions; methods take torch tensors (CPU, fp32) and pass their pointers."""
 
-    def __init__(self, path: Path, min_parallel_keys: int = 4096) -> None:
+    def __init__(self, path: Path, min_parallel_keys: int = 4096, lib: ctypes.CDLL | None = None) -> None:
         """`min_parallel_keys`: a decode step attending fewer keys (summed over sequences and kv heads) runs
-        on the calling thread only (an OpenMP fork costs more than attending a few hundred keys)."""
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError as exc:
-            raise KernelUnavailableError(f"cannot load {path}: {exc}") from exc
-        if lib.hr_abi_version() != ABI_VERSION:
-            raise KernelUnavailableError(f"{path} has ABI {lib.hr_abi_version()}, expected {ABI_VERSION}")
+        on the calling thread only (an OpenMP fork costs more than attending a few hundred keys).
+        `lib`: the library already loaded from `path` (else it is opened here)."""
+        lib = lib if lib is not None else open_library(path)
+        self.lib = lib  # the whole kernels library (headroom.llm.kernels.int8_decode drives it too)
         self.path = path
         self.has_avx2 = bool(lib.hr_has_avx2())
         self.min_parallel_keys = min_parallel_keys
@@ -169,7 +106,19 @@ class PagedAttentionKernel:
 @functools.cache
 def load_kernel(arch_flags: tuple[str, ...] = ("-march=native",)) -> PagedAttentionKernel:
     """Build (or reuse) and load the kernel once per process; raises KernelUnavailableError."""
-    return PagedAttentionKernel(build_library(arch_flags))
+    lib = load_library(arch_flags)
+    return PagedAttentionKernel(Path(lib._name), lib=lib)
+
+
+__all__ = [
+    "BACKENDS",
+    "KernelUnavailableError",
+    "PagedAttentionKernel",
+    "build_library",
+    "kernel_cache_dir",
+    "load_kernel",
+    "select_attention_kernel",
+]
 
 
 def kernel_supports(num_heads: int, num_kv_heads: int, head_dim: int, block_size_tokens: int) -> str:
