@@ -24,8 +24,10 @@ activations beyond batch 1.)
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
@@ -141,15 +143,21 @@ def prepare_int8(model: DecoderForCausalLM, cached: Mapping[str, torch.Tensor]) 
     directly (no fp32 concatenation); anything missing is fused and quantised from the fp32 weights."""
     _check_cpu_fp32(model)
     suffix = ".weight"
-    names = {k[len(INT8_PREFIX) : -len(suffix)] for k in cached if k.startswith(INT8_PREFIX) and k.endswith(suffix)}
-    built = {
-        name: Int8DynamicLinear.from_int8(
+    names = sorted(
+        {k[len(INT8_PREFIX) : -len(suffix)] for k in cached if k.startswith(INT8_PREFIX) and k.endswith(suffix)}
+    )
+
+    def build(name: str) -> Int8DynamicLinear:
+        return Int8DynamicLinear.from_int8(
             cached[f"{INT8_PREFIX}{name}.weight"],
             cached[f"{INT8_PREFIX}{name}.scale"],
             cached.get(f"{INT8_PREFIX}{name}.bias"),
         )
-        for name in sorted(names)
-    }
+
+    # FBGEMM's prepacking is most of an int8 cold start (~0.95 s for SmolLM2, 0.35 s of it the lm_head) and
+    # releases the GIL: one thread per CPU (measured 0.54-0.69 s on 2)
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        built = dict(zip(names, pool.map(build, names), strict=True))
     model.fuse_projections(built)
     for parent, name, qual, weight, bias in _linears(model):
         mod = built.get(qual)
