@@ -147,7 +147,8 @@ int hr_q8_linear_forward(const hr_q8_linear *L, int64_t num_rows, const float *x
         free(xq), free(xs);
         return -1;
     }
-    for (int64_t b = 0; b < num_rows; b++) quantize_row(x + b * L->in_features, L->in_features, xq + b * L->in_features, xs + b);
+    const int64_t k = L->in_features;
+    for (int64_t b = 0; b < num_rows; b++) quantize_row(x + b * k, k, xq + b * k, xs + b);
 #pragma omp parallel num_threads((int)num_threads)
     q8_linear_team(L, xq, xs, num_rows, y, L->out_features, 0);
     free(xq), free(xs);
@@ -190,16 +191,20 @@ static void silu_mul_team(const float *gu, int64_t num_rows, int64_t inter, floa
 
 /* One decode step: sequence b has token ids[b] at positions[b], written to cache slot slots[b], and attends
  * seq_lens[b] keys through block_tables[b * max_blocks ...]. Writes logits [num_seqs, vocab].
- * Returns 0; -1 out of memory; -2 an id, position or slot out of range (nothing written). */
+ * Returns 0; -1 out of memory; -2 an id, position, slot or block out of range (nothing written). */
 int hr_q8_decode_step(const hr_q8_decoder *m, int64_t num_seqs, const int64_t *ids, const int64_t *positions,
                       const int64_t *slots, const int64_t *block_tables, int64_t max_blocks, const int64_t *seq_lens,
                       float *logits, int64_t num_threads) {
     const int64_t B = num_seqs, H = m->hidden, nh = m->num_heads, nkv = m->num_kv_heads, D = m->head_dim;
     const int64_t I = m->intermediate, nqkv = (nh + 2 * nkv) * D, hd = nh * D, group = nh / nkv;
-    for (int64_t b = 0; b < B; b++)
+    const int64_t num_blocks = m->num_slots / m->block_size;
+    for (int64_t b = 0; b < B; b++) {
         if (ids[b] < 0 || ids[b] >= m->vocab || positions[b] < 0 || positions[b] >= m->max_positions ||
             slots[b] < 0 || slots[b] >= m->num_slots || seq_lens[b] < 1 || seq_lens[b] > max_blocks * m->block_size)
             return -2;
+        for (int64_t blk = 0; blk < (seq_lens[b] + m->block_size - 1) / m->block_size; blk++)
+            if (block_tables[b * max_blocks + blk] < 0 || block_tables[b * max_blocks + blk] >= num_blocks) return -2;
+    }
     const int64_t widest = I > hd ? (I > H ? I : H) : (hd > H ? hd : H);
     float *h = malloc((size_t)(B * H) * sizeof(float)), *tmp = malloc((size_t)widest * sizeof(float));
     float *qkv = malloc((size_t)(B * nqkv) * sizeof(float)), *q = malloc((size_t)(B * hd) * sizeof(float));

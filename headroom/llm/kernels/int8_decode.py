@@ -161,7 +161,7 @@ class Int8DecodeKernel:
         if rc == -1:
             raise MemoryError("hr_q8_decode_step: out of memory")
         if rc != 0:
-            raise ValueError("hr_q8_decode_step: a token id, position or cache slot is out of range")
+            raise ValueError("hr_q8_decode_step: a token id, position, cache slot or block id is out of range")
         return logits
 
 

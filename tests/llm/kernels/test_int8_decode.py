@@ -137,13 +137,15 @@ def test_steps_it_does_not_serve_take_the_module_path(
         assert torch.equal(kernel.execute(batch), modules.execute(batch))
 
 
-def test_out_of_range_token_is_refused_without_writing(tiny_state: dict[str, torch.Tensor]) -> None:
+def test_out_of_range_token_or_block_is_refused_without_writing(tiny_state: dict[str, torch.Tensor]) -> None:
     runner = _runner(tiny_state)
     assert runner.decode_kernel is not None
     before = [k.clone() for k, _ in runner.kv_caches]
-    bad = ModelBatch((BatchItem("s", (TINY.vocab_size,), 0, (1,), True),), 16)
-    with pytest.raises(ValueError, match="out of range"):
-        runner.execute(bad)
+    bad_token = ModelBatch((BatchItem("s", (TINY.vocab_size,), 0, (1,), True),), 16)
+    bad_block = ModelBatch((BatchItem("s", (5,), 20, (1, runner.num_blocks), True),), 16)  # 2nd block: no such
+    for bad in (bad_token, bad_block):
+        with pytest.raises(ValueError, match="out of range"):
+            runner.execute(bad)
     assert all(torch.equal(a, k) for a, (k, _) in zip(before, runner.kv_caches, strict=True))
 
 
