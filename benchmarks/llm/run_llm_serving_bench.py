@@ -420,10 +420,13 @@ def main() -> None:
     llama = find_llama_server(args.llama_server)
     args.headroom_repo = Path(tempfile.mkdtemp(prefix="llm_serving_repo_"))
     headroom_overrides = headroom_repository(args.headroom_repo, args.headroom_weight_dtype, args.headroom_threads)
-    args.headroom_alt_repo = Path(tempfile.mkdtemp(prefix="llm_serving_alt_repo_"))
-    alt_overrides = headroom_repository(
-        args.headroom_alt_repo, args.headroom_weight_dtype, args.headroom_threads, parse_settings(args.headroom_alt_set)
-    )
+    alt_overrides: dict[str, str | int] = {}
+    if "headroom-alt" in args.servers.split(","):  # no --headroom-alt-set: an A/A control
+        args.headroom_alt_repo = Path(tempfile.mkdtemp(prefix="llm_serving_alt_repo_"))
+        alt_overrides = headroom_repository(
+            args.headroom_alt_repo, args.headroom_weight_dtype, args.headroom_threads,
+            parse_settings(args.headroom_alt_set),
+        )
     chosen = servers(args, llama)
     order = {s: i for i, s in enumerate(SERVERS)}
     log_dir = Path(tempfile.mkdtemp(prefix="llm_serving_logs_"))

@@ -71,12 +71,12 @@ def main() -> None:
     sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
     if 1 not in sizes:
         raise SystemExit("--batch-sizes must include 1 (the gain is over batch size 1)")
-    from headroom.models.builtin.minilm import _WARMUP_TEXT, DEFAULT_MAX_SEQ_LENGTH, load_tokenizer, weights_directory
+    from headroom.models.builtin.minilm import DEFAULT_MAX_SEQ_LENGTH, WARMUP_TEXT, load_tokenizer, weights_directory
 
     weights = weights_directory({}, ROOT / "models" / "minilm" / "1", "minilm")
     cfg = json.loads((weights / "config.json").read_text())
     hidden, inter, layers = int(cfg["hidden_size"]), int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"])
-    tokens = len(load_tokenizer(weights, DEFAULT_MAX_SEQ_LENGTH, "minilm").encode(_WARMUP_TEXT).ids)  # unpadded
+    tokens = len(load_tokenizer(weights, DEFAULT_MAX_SEQ_LENGTH, "minilm").encode(WARMUP_TEXT).ids)  # unpadded
     gflop_per_sentence = 2 * layers * (4 * hidden * hidden + 2 * hidden * inter) * tokens / 1e9
     runs = [profile(sizes) for _ in range(args.repeats)]
     rate = {b: statistics.median(r[b] for r in runs) for b in sizes}

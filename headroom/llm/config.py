@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from headroom.llm.kernels.build import BACKENDS as KERNEL_BACKENDS
+
 
 @dataclass(frozen=True, slots=True)
 class DecoderConfig:
@@ -121,11 +123,11 @@ class EngineConfig:
                 f"weight_dtype {self.weight_dtype!r}: use auto (weights in dtype), int8 (CPU only) or int8_on_cpu "
                 "(int8 on CPU, dtype on a GPU)"
             )
-        if self.attention_backend not in ("auto", "torch", "kernel"):
+        if self.attention_backend not in KERNEL_BACKENDS:
             raise ValueError(
                 f"attention_backend {self.attention_backend!r}: use auto (the C kernel when it builds), torch or kernel"
             )
-        if self.decode_backend not in ("auto", "torch", "kernel"):
+        if self.decode_backend not in KERNEL_BACKENDS:
             raise ValueError(
                 f"decode_backend {self.decode_backend!r}: use auto (the C int8 decode step when it applies), torch "
                 "or kernel"

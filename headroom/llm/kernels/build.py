@@ -24,6 +24,7 @@ KERNEL_DIR = Path(__file__).parent
 SOURCE_NAMES = ("common.h", "paged_attention.c", "int8_decode.c")  # hashed; the .c files are compiled
 BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 ABI_VERSION = 2  # hr_abi_version() of the sources this module drives
+BACKENDS = ("auto", "torch", "kernel")  # values of EngineConfig.attention_backend and .decode_backend
 
 
 class KernelUnavailableError(RuntimeError):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import torch
 
-from headroom.llm.kernels.build import KernelUnavailableError, load_library
+from headroom.llm.kernels.build import BACKENDS, KernelUnavailableError, load_library
 from headroom.llm.model import DecoderForCausalLM, DecoderLayer
 from headroom.llm.quant import Int8DynamicLinear
 
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from headroom.llm.runner import ModelBatch
 
 log = logging.getLogger("headroom.llm")
-BACKENDS = ("auto", "torch", "kernel")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -192,7 +191,8 @@ def select_decode_kernel(
         raise ValueError(f"decode_backend {backend!r}: use auto, torch or kernel")
     if backend == "torch" or max_seqs < 1:
         return None
-    why = why_not(model) or ("" if attention_kernel_ready else "the paged-attention kernel is not in use")
+    model_why = why_not(model)  # not an int8 CPU model: the modules are the plan, not a fallback worth a log line
+    why = model_why or ("" if attention_kernel_ready else "the paged-attention kernel is not in use")
     if not why:
         try:
             return Int8DecodeKernel(load_library(), model, kv_caches, block_size_tokens, max_seqs)
@@ -200,6 +200,6 @@ def select_decode_kernel(
             why = str(exc)
     if backend == "kernel":
         raise ValueError(f"decode_backend: kernel cannot be used: {why}; set decode_backend: auto or torch")
-    if "int8 weights" not in why and "float32" not in why:
+    if not model_why:
         log.warning("int8 decode kernel unavailable (%s): decode steps use the torch modules", why)
     return None

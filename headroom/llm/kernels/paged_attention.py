@@ -17,24 +17,16 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from headroom.llm.kernels.build import (
-    KernelUnavailableError,
-    build_library,
-    kernel_cache_dir,
-    load_library,
-    open_library,
-)
+from headroom.llm.kernels.build import BACKENDS, KernelUnavailableError, load_library
 
 if TYPE_CHECKING:
     from headroom.llm.model import AttentionGroup
 
 log = logging.getLogger("headroom.llm")
-BACKENDS = ("auto", "torch", "kernel")
 MAX_BLOCK_SIZE_TOKENS = 256  # stack buffers in the kernel are sized by block size x query heads per kv head
 MAX_GROUP_X_HEAD_DIM = 16384  # (query heads per kv head) x head_dim floats of accumulators on the stack
 
@@ -46,13 +38,10 @@ _I = ctypes.c_int64
 class PagedAttentionKernel:
     """The loaded library's attention functions; methods take torch tensors (CPU, fp32) and pass their pointers."""
 
-    def __init__(self, path: Path, min_parallel_keys: int = 4096, lib: ctypes.CDLL | None = None) -> None:
-        """`min_parallel_keys`: a decode step attending fewer keys (summed over sequences and kv heads) runs
-        on the calling thread only (an OpenMP fork costs more than attending a few hundred keys).
-        `lib`: the library already loaded from `path` (else it is opened here)."""
-        lib = lib if lib is not None else open_library(path)
-        self.lib = lib  # the whole kernels library (headroom.llm.kernels.int8_decode drives it too)
-        self.path = path
+    def __init__(self, lib: ctypes.CDLL, min_parallel_keys: int = 4096) -> None:
+        """`lib`: the kernels library (`build.load_library`, or `open_library(build_library(...))` for another
+        build). `min_parallel_keys`: a decode step attending fewer keys (summed over sequences and kv heads) runs
+        on the calling thread only (an OpenMP fork costs more than attending a few hundred keys)."""
         self.has_avx2 = bool(lib.hr_has_avx2())
         self.min_parallel_keys = min_parallel_keys
         self._rope = lib.hr_rope_write_kv
@@ -106,19 +95,7 @@ class PagedAttentionKernel:
 @functools.cache
 def load_kernel(arch_flags: tuple[str, ...] = ("-march=native",)) -> PagedAttentionKernel:
     """Build (or reuse) and load the kernel once per process; raises KernelUnavailableError."""
-    lib = load_library(arch_flags)
-    return PagedAttentionKernel(Path(lib._name), lib=lib)
-
-
-__all__ = [
-    "BACKENDS",
-    "KernelUnavailableError",
-    "PagedAttentionKernel",
-    "build_library",
-    "kernel_cache_dir",
-    "load_kernel",
-    "select_attention_kernel",
-]
+    return PagedAttentionKernel(load_library(arch_flags))
 
 
 def kernel_supports(num_heads: int, num_kv_heads: int, head_dim: int, block_size_tokens: int) -> str:

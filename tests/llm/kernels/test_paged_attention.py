@@ -16,13 +16,8 @@ import pytest
 import torch
 
 from headroom.llm.config import DecoderConfig
-from headroom.llm.kernels.paged_attention import (
-    KernelUnavailableError,
-    PagedAttentionKernel,
-    build_library,
-    load_kernel,
-    select_attention_kernel,
-)
+from headroom.llm.kernels.build import KernelUnavailableError, build_library, load_library, open_library
+from headroom.llm.kernels.paged_attention import PagedAttentionKernel, load_kernel, select_attention_kernel
 from headroom.llm.model import Attention, Rotary
 from headroom.llm.runner import BatchItem, ModelBatch, build_metadata
 from tests.llm.conftest import TINY
@@ -121,8 +116,8 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: list[in
 @needs_cc
 @pytest.mark.parametrize("min_parallel_keys", [0, 1 << 40])  # OpenMP across (sequence, kv head) / one thread
 def test_portable_and_native_builds_match_a_plain_softmax_reference(tmp_path: Path, min_parallel_keys: int) -> None:
-    native = PagedAttentionKernel(load_kernel().path, min_parallel_keys=min_parallel_keys)
-    portable = PagedAttentionKernel(build_library(("-march=x86-64",), tmp_path), min_parallel_keys)
+    native = PagedAttentionKernel(load_library(), min_parallel_keys=min_parallel_keys)
+    portable = PagedAttentionKernel(open_library(build_library(("-march=x86-64",), tmp_path)), min_parallel_keys)
     assert not portable.has_avx2
     cfg = replace(TINY, hidden_size=8 * 32, num_attention_heads=8, num_key_value_heads=2)
     lens = [1, 31, 32, 33, 200, 7]
