@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
 
 
@@ -40,10 +41,54 @@ SUBCOMMANDS: dict[str, Subcommand] = {
 }
 
 
+#: top-level module -> the extra that installs it (`pip install 'headroom[EXTRA]'`)
+OPTIONAL_MODULES: dict[str, str] = {
+    "matplotlib": "bench",
+    "hdrh": "bench",
+    "tritonclient": "bench",
+    "aiohttp": "bench",
+    "plotly": "bench",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """The extra whose absence raised `exc`, or None when the missing module is not an optional one."""
+    top = (exc.name or "").split(".")[0]
+    return OPTIONAL_MODULES.get(top)
+
+
+def unavailable_command(name: str, extra: str, module: str) -> Any:
+    """A stand-in for a subcommand whose optional dependencies are not installed: `--help` lists it, running it
+    says how to install them (exit 2) instead of a traceback."""
+    fix = f"pip install 'headroom[{extra}]'  (make serve / make test install it)"
+
+    def run() -> None:
+        typer.echo(f"headroom {name} needs the optional dependency {module!r}: {fix}", err=True)
+        raise typer.Exit(2)
+
+    holder = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    holder.command(
+        name,
+        help=escape(f"Not installed: needs the '{extra}' extra. {fix}"),
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )(run)
+    command = typer.main.get_command(holder)
+    command.name = name
+    return command
+
+
 def load_subcommand(name: str) -> Any:
-    """The click command behind `headroom NAME` (imports its module)."""
+    """The click command behind `headroom NAME` (imports its module; a stand-in that names the missing extra when
+    the module needs an optional dependency that is not installed)."""
     spec = SUBCOMMANDS[name]
-    target = getattr(importlib.import_module(spec.module), spec.attribute)
+    try:
+        module = importlib.import_module(spec.module)
+    except ModuleNotFoundError as exc:
+        extra = missing_extra(exc)
+        if extra is None:
+            raise
+        return unavailable_command(name, extra, (exc.name or "?").split(".")[0])
+    target = getattr(module, spec.attribute)
     if not spec.group:
         holder = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
         holder.command(name)(target)
@@ -81,7 +126,15 @@ def _root() -> None:
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except ModuleNotFoundError as exc:  # an optional dependency imported when a feature is used (plots, reports)
+        extra = missing_extra(exc)
+        if extra is None:
+            raise
+        top = (exc.name or "?").split(".")[0]
+        typer.echo(f"this needs the optional dependency {top!r}: pip install 'headroom[{extra}]'", err=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
