@@ -10,11 +10,15 @@ shared machine hits every server alike), runs
 
   headroom bench URL -m smollm2 -p openai-chat --workload jsonl --concurrency C --ignore-eos ...
 
-with one seeded set of chat prompts of ~100 tokens (chat template included, counted with the model's
-tokenizer), max_tokens 64, greedy. The load is CLOSED-LOOP (C streams, each sends its next request when the
-previous one ends): what "C concurrent streams" means; every result says closed-loop.
+with FRESH chat prompts of ~100 tokens for every (level, round) (chat template included, counted with the model's
+tokenizer; every server gets the same set within a level and round, and no set repeats, so no server reuses a
+prefix cached in an earlier level or round), max_tokens 64, greedy. A last level per round measures TTFT of
+~1000-token prompts (`--long-prompt-tokens`, `--long-queries`, one stream, fresh prompts too). The load is
+CLOSED-LOOP (C streams, each sends its next request when the previous one ends): what "C concurrent streams"
+means; every result says closed-loop.
 
-Every run's JSON goes to benchmarks/results/llm_serving_<date>/cCC_<n>-<server>_r<round>.json; the summary
+Every run's JSON goes to benchmarks/results/llm_serving_<date>/<level>_<n>-<server>_r<round>.json (prompts beside it:
+prompts_<level>_r<round>.jsonl); the summary
 (medians over rounds of output tokens/s, TTFT and TPOT p50/p99, ratios of headroom to each peer, `uptime`
 before and after) to benchmarks/results/llm_serving_<date>_summary.json.
 
@@ -267,6 +271,21 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def cpu_description() -> dict[str, str]:
+    """The CPU model and the SIMD extensions that matter for the kernels (numbers are only comparable with these)."""
+    model, flags = "unknown", set[str]()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8")
+    return {"model": model, "simd": " ".join(f for f in wanted if f in flags)}
+
+
 def load_average() -> list[float]:
     return [round(v, 2) for v in os.getloadavg()]
 
@@ -337,12 +356,12 @@ def headline(result: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def summarise(rows: dict[str, dict[int, list[dict[str, float]]]]) -> dict[str, Any]:
+def summarise(rows: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str, Any]:
     medians: dict[str, dict[str, dict[str, float]]] = {}
     for name, levels in rows.items():
         medians[name] = {
-            str(c): {k: statistics.median(r[k] for r in runs) for k in runs[0]} | {"rounds": float(len(runs))}
-            for c, runs in levels.items()
+            label: {k: statistics.median(r[k] for r in runs) for k in runs[0]} | {"rounds": float(len(runs))}
+            for label, runs in levels.items()
         }
     ratios: dict[str, dict[str, dict[str, float]]] = {}
     base = medians.get("headroom", {})
@@ -363,7 +382,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", default=",".join(SERVERS), help="comma-separated: " + ", ".join(SERVERS))
     ap.add_argument("--streams", default="1,8,32", help="concurrency levels (closed-loop streams)")
-    ap.add_argument("--queries", default="6,16,32", help="requests per level (same order as --streams)")
+    ap.add_argument("--queries", default="8,200,200", help="requests per level (same order as --streams)")
     ap.add_argument(
         "--hf-one-max-streams",
         type=int,
@@ -373,6 +392,10 @@ def main() -> None:
     )
     ap.add_argument("--rounds", type=int, default=3, help="interleaved repeats (medians are reported)")
     ap.add_argument("--prompt-tokens", type=int, default=100)
+    ap.add_argument("--long-prompt-tokens", type=int, default=1000, help="prompt length of the TTFT level")
+    ap.add_argument(
+        "--long-queries", type=int, default=10, help="requests of the long-prompt TTFT level (one stream; 0 = skip)"
+    )
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2, help="threads for transformers (and llama-server by default)")
     ap.add_argument("--llama-threads", type=int, default=0, help="llama-server -t (0 = --threads)")
@@ -414,8 +437,20 @@ def main() -> None:
         raise SystemExit("--queries needs one count per --streams level")
     out_dir = Path(args.out) / f"llm_serving_{args.date}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    dataset = out_dir.parent / f"llm_serving_{args.date}_prompts.jsonl"
-    prompt_stats = make_prompts(dataset, max(queries) + 8, args.prompt_tokens, args.max_tokens, args.seed)
+    levels: list[tuple[str, int, int, int]] = [
+        (f"c{c:02d}", c, n, args.prompt_tokens) for c, n in zip(streams, queries, strict=True)
+    ]  # (label, streams, requests, prompt tokens)
+    if args.long_queries > 0:
+        levels.append((f"ttft{args.long_prompt_tokens}", 1, args.long_queries, args.long_prompt_tokens))
+    prompt_stats: dict[str, list[dict[str, float]]] = {}
+    datasets: dict[tuple[str, int], Path] = {}
+    for rnd in range(1, args.rounds + 1):  # fresh prompts for every level and round (one seed each)
+        for i, (label, _c, n, tokens) in enumerate(levels):
+            path = out_dir / f"prompts_{label}_r{rnd}.jsonl"
+            seed = args.seed * 1_000_003 + rnd * 1_009 + i
+            stats = make_prompts(path, n + 2, tokens, args.max_tokens, seed)  # + the bench's warm-up requests
+            prompt_stats.setdefault(label, []).append(stats)
+            datasets[(label, rnd)] = path
     console.print(f"prompts: {prompt_stats}")
     llama = find_llama_server(args.llama_server)
     args.headroom_repo = Path(tempfile.mkdtemp(prefix="llm_serving_repo_"))
@@ -424,7 +459,9 @@ def main() -> None:
     if "headroom-alt" in args.servers.split(","):  # no --headroom-alt-set: an A/A control
         args.headroom_alt_repo = Path(tempfile.mkdtemp(prefix="llm_serving_alt_repo_"))
         alt_overrides = headroom_repository(
-            args.headroom_alt_repo, args.headroom_weight_dtype, args.headroom_threads,
+            args.headroom_alt_repo,
+            args.headroom_weight_dtype,
+            args.headroom_threads,
             parse_settings(args.headroom_alt_set),
         )
     chosen = servers(args, llama)
@@ -432,7 +469,7 @@ def main() -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="llm_serving_logs_"))
     console.print(f"server logs: {log_dir}")
     procs = {s.name: start(s, log_dir) for s in chosen}
-    rows: dict[str, dict[int, list[dict[str, float]]]] = {}
+    rows: dict[str, dict[str, list[dict[str, float]]]] = {}
     started = time.monotonic()
     load_start = load_average()
     try:
@@ -440,15 +477,15 @@ def main() -> None:
             wait_ready(s, procs[s.name], 600)
             console.print(f"{s.name} ready at {s.url}")
         for rnd in range(1, args.rounds + 1):
-            for c, n in zip(streams, queries, strict=True):
+            for label, c, n, _tokens in levels:
                 for s in chosen:
                     if s.name == "hf-one" and c > args.hf_one_max_streams:
                         continue
-                    out = out_dir / f"c{c:02d}_{order[s.name]}-{s.name}_r{rnd}.json"
-                    h = headline(bench(s, c, n, dataset, out, args))
-                    rows.setdefault(s.name, {}).setdefault(c, []).append(h)
+                    out = out_dir / f"{label}_{order[s.name]}-{s.name}_r{rnd}.json"
+                    h = headline(bench(s, c, n, datasets[(label, rnd)], out, args))
+                    rows.setdefault(s.name, {}).setdefault(label, []).append(h)
                     console.print(
-                        f"round {rnd} c={c:2d} {s.name:9s} {h['output_tokens_per_s']:7.1f} tok/s  TTFT p50 "
+                        f"round {rnd} {label:8s} {s.name:9s} {h['output_tokens_per_s']:7.1f} tok/s  TTFT p50 "
                         f"{h['ttft_p50_ms']:8.1f} p99 {h['ttft_p99_ms']:8.1f} ms  TPOT p50 {h['tpot_p50_ms']:6.1f} "
                         f"p99 {h['tpot_p99_ms']:6.1f} ms  load {os.getloadavg()[0]:.1f}"
                     )
@@ -461,12 +498,13 @@ def main() -> None:
         "command": " ".join(sys.argv),
         "load": "closed-loop: C streams, each sends its next request when the previous ends",
         "workload": {
-            "prompts": str(dataset.relative_to(ROOT)) if dataset.is_relative_to(ROOT) else str(dataset),
+            "prompts": "fresh per level and round: " + str(out_dir / "prompts_<level>_r<round>.jsonl"),
             "max_tokens": args.max_tokens,
             "ignore_eos": True,
             "temperature": 0,
-            **prompt_stats,
+            "prompt_stats": prompt_stats,
         },
+        "levels": [{"label": lb, "streams": c, "requests": n, "prompt_tokens": t} for lb, c, n, t in levels],
         "servers": {s.name: " ".join(s.cmd) for s in chosen},
         "headroom_config_overrides": headroom_overrides,  # over models/smollm2/config.yaml's parameters
         "headroom_alt_config_overrides": alt_overrides,  # the headroom-alt server's (an A/B in the same run)
@@ -478,7 +516,12 @@ def main() -> None:
         "streams": streams,
         "queries": queries,
         "rounds": args.rounds,
-        "machine": {"cpu_count": os.cpu_count(), "load_average_start": load_start, "load_average_end": load_average()},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "cpu": cpu_description(),
+            "load_average_start": load_start,
+            "load_average_end": load_average(),
+        },
         "wall_s": time.monotonic() - started,
         **summarise(rows),
     }
