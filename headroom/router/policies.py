@@ -2,7 +2,10 @@
 
 One entry point, `choose(policy, snapshots, request_key, state, now_s, rng, config)`:
 
-* ``round_robin``         the next routable replica in id order.
+* ``round_robin``         the next routable replica in id order after the one used last (a cursor over replica
+                          ids, not an index into the candidate list: a retry that excludes the failed replica
+                          takes the next one after it and the rotation goes on from there, as Envoy's round
+                          robin skips excluded hosts; indexing the filtered list skewed the split 1/16/43).
 * ``least_outstanding``   fewest requests in flight (ties: lower peak-EWMA latency, then random).
 * ``p2c``                 power of two choices (Envoy `LEAST_REQUEST`, `choice_count` 2): sample two distinct
                           replicas, keep the one with fewer outstanding requests (ties: lower latency EWMA).
@@ -110,8 +113,9 @@ def choose(policy: str, snapshots: Sequence[ReplicaSnapshot], request_key: str |
     if not cands:
         return RouteDecision(None, "none"), state
     if policy == "round_robin":
-        idx = state.rr_next % len(cands)
-        return RouteDecision(cands[idx].replica_id, "policy"), RouterState(rr_next=idx + 1)
+        after = [s for s in cands if s.replica_id > state.rr_last_id]  # `cands` is sorted by id
+        pick_id = (after or cands)[0].replica_id
+        return RouteDecision(pick_id, "policy"), RouterState(rr_last_id=pick_id)
     if policy == "least_outstanding":
         best = min(s.load() for s in cands)
         tied = [s for s in cands if s.load() == best]

@@ -50,7 +50,7 @@ class ReplicaSnapshot:
 class RouterState:
     """Everything a routing decision carries to the next one (only round-robin needs any)."""
 
-    rr_next: int = 0  # round-robin: index (into the sorted routable ids) of the next replica to use
+    rr_last_id: str = ""  # round-robin: the replica used last; the next is the first id after it (cyclic)
 
 
 def routable(snapshots: tuple[ReplicaSnapshot, ...], now_s: float) -> tuple[ReplicaSnapshot, ...]:

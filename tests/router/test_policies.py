@@ -27,6 +27,35 @@ def test_round_robin_cycles_in_id_order_and_skips_unready() -> None:
     assert picks == ["r0", "r1", "r2", "r0", "r1", "r2"]
 
 
+def test_round_robin_stays_fair_when_retries_exclude_a_failing_replica() -> None:
+    """r1 answers every attempt with an error; each failed attempt is retried once on the others (the proxy passes
+    them without r1). The rotation must not be skewed: every replica gets the same number of attempts, and the two
+    healthy ones share the successes evenly (the old index into the filtered list gave 1/16/43 of 60)."""
+    snaps = _snaps(0, 0, 0)
+    state, rng = RouterState(), random.Random(0)
+    attempts, served = Counter[str](), Counter[str]()
+    for _ in range(60):
+        d, state = choose("round_robin", snaps, None, state, 0.0, rng)
+        attempts[d.replica_id or ""] += 1
+        if d.replica_id == "r1":  # fails: retry without it
+            d, state = choose("round_robin", [s for s in snaps if s.replica_id != "r1"], None, state, 0.0, rng)
+            attempts[d.replica_id or ""] += 1
+        served[d.replica_id or ""] += 1
+    assert attempts == {"r0": 30, "r1": 30, "r2": 30}
+    assert served == {"r0": 30, "r2": 30}
+
+
+def test_round_robin_follows_replicas_joining_and_leaving() -> None:
+    state, rng = RouterState(), random.Random(0)
+    d, state = choose("round_robin", _snaps(0, 0), None, state, 0.0, rng)
+    d, state = choose("round_robin", _snaps(0, 0), None, state, 0.0, rng)
+    assert d.replica_id == "r1"
+    d, state = choose("round_robin", _snaps(0, 0, 0), None, state, 0.0, rng)  # r2 joined: it is next after r1
+    assert d.replica_id == "r2"
+    d, state = choose("round_robin", _snaps(0, 0), None, state, 0.0, rng)  # r2 left: wrap around to r0
+    assert d.replica_id == "r0"
+
+
 def test_least_outstanding_picks_the_emptiest_and_breaks_ties_on_latency() -> None:
     snaps = (ReplicaSnapshot("a", outstanding=3), ReplicaSnapshot("b", outstanding=1, ewma_latency_s=0.5),
              ReplicaSnapshot("c", outstanding=1, ewma_latency_s=0.1))
