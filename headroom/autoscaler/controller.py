@@ -123,8 +123,8 @@ class AutoscalerController:
         if decision.replicas != before:
             event = ScaleEvent(now, before, decision.replicas, decision.utilisation, decision.reason)
             self.events.append(event)
-            log.info("autoscaler: %d -> %d replicas (load %.0f%%, %s)", before, decision.replicas,
-                     decision.utilisation * 100, decision.reason)
+            log.info("event=scale from_replicas=%d to_replicas=%d utilisation=%.3f reason=%s", before,
+                     decision.replicas, decision.utilisation, decision.reason)
             if self.metrics is not None:
                 self.metrics.events.labels("up" if decision.replicas > before else "down").inc()
         if self._scaling is None or self._scaling.done():  # one actuation at a time; cold starts take long

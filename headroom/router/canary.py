@@ -59,8 +59,8 @@ class CanaryTracker:
                                                 self.state, now_s, self.config)
         if decision.canary_weight != self.weight or decision.phase != (self.history[-1].phase if self.history
                                                                         else "progressing"):
-            log.warning("canary %s: weight %.0f%% (%s)", self.canary_version, decision.canary_weight * 100,
-                        decision.reason)
+            log.warning("event=rollout_%s version=%s canary_weight=%.2f reason=%s", decision.phase,
+                        self.canary_version, decision.canary_weight, decision.reason)
             self.history.append(decision)
         self.weight = decision.canary_weight
         if decision.reset_stats:

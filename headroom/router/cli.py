@@ -120,7 +120,8 @@ async def run_fleet(make_fleet: FleetFactory, replicas: int, proxy: ProxyConfig,
     """Serve the router on host:port (and gRPC on `grpc_port` unless -1) in front of the fleet `make_fleet`
     builds, until SIGINT/SIGTERM or `stop`; then drain every replica and return the fleet."""
     console = console or Console(stderr=True)
-    router = Router([], proxy, tracer_provider=tracer_provider)
+    registry = registry or CollectorRegistry()  # the router's /metrics: its own, the gateway's, the autoscaler's
+    router = Router([], proxy, tracer_provider=tracer_provider, registry=registry)
     fleet = make_fleet(router.set_upstreams)
     app, interceptors, protocol = gateway_front(router, gateway, tracer_provider, registry)
     grpc_proxy = GrpcProxy(router, interceptors) if grpc_port >= 0 else None
@@ -134,10 +135,11 @@ async def run_fleet(make_fleet: FleetFactory, replicas: int, proxy: ProxyConfig,
         for cs in fleet.cold_starts:
             console.print(describe_cold_start(cs))
         console.print(f"[bold green]router ready[/] on http://{host}:{port} — {len(fleet.serving())} "
-                      f"replica(s), policy {proxy.policy}; stats at /router/stats")
+                      f"replica(s), policy {proxy.policy}; stats at /router/stats, Prometheus at /metrics "
+                      "(every replica: /metrics/replicas)")
         if autoscale is not None:
             ctl = AutoscalerController(router_sampler(router), fleet, autoscale, MonotonicClock(),
-                                       initial_replicas=replicas, registry=registry or CollectorRegistry())
+                                       initial_replicas=replicas, registry=registry)
             tasks.append(asyncio.create_task(ctl.run(), name="autoscaler"))
 
     async def stop_when_told(event: asyncio.Event) -> None:

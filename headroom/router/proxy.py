@@ -5,7 +5,9 @@ concurrency limit -> `choose` a replica -> send over a pooled keep-alive `httpx.
 hedge to a second replica after the p95 of recent latency (budgeted, the loser is cancelled) -> retry
 never-started attempts elsewhere under the retry budget -> pass the answer through (small bodies buffered,
 SSE and large bodies streamed). A background task checks `GET /v2/health/ready` on every replica; results
-and every finished attempt feed `headroom.router.health`. `GET /router/stats` reports counters as JSON.
+and every finished attempt feed `headroom.router.health`. `GET /router/stats` reports counters as JSON;
+`GET /metrics` is the router's own Prometheus page and `GET /metrics/replicas` Prometheus service discovery of
+every replica (`headroom.router.metrics`).
 
 W3C `traceparent`/`tracestate` go to the replica as the client sent them. With a `tracer_provider`, the
 router records its own SERVER span (`router`, a child of the client's traceparent) and sends the replica
@@ -24,6 +26,7 @@ from collections.abc import AsyncIterator, Collection, Sequence
 import httpx
 import orjson
 from opentelemetry.trace import TracerProvider
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -36,6 +39,7 @@ from headroom.router import degrade, tail
 from headroom.router import health as hp
 from headroom.router.canary import CanaryTracker
 from headroom.router.config import ProxyConfig
+from headroom.router.metrics import ReplicaView, RouterMetrics, RouterView, admin_routes
 from headroom.router.policies import choose
 from headroom.router.request_keys import request_key
 from headroom.router.snapshot import ReplicaSnapshot, RouterState, routable
@@ -52,7 +56,8 @@ class Router:
 
     def __init__(self, upstreams: Sequence[Upstream], config: ProxyConfig | None = None,
                  clock: Clock | None = None, rng: random.Random | None = None,
-                 tracer_provider: TracerProvider | None = None) -> None:
+                 tracer_provider: TracerProvider | None = None,
+                 registry: CollectorRegistry | None = None) -> None:
         self.config = config or ProxyConfig()
         self.tracer_provider = tracer_provider  # records a `router` span per proxied request when set
         self.clock = clock or MonotonicClock()
@@ -73,8 +78,9 @@ class Router:
         self._client: httpx.AsyncClient | None = None
         self._checker: asyncio.Task[None] | None = None
         self._wake_checker = asyncio.Event()
+        self.metrics = RouterMetrics(registry or CollectorRegistry(), self._view)
         self.set_upstreams(upstreams)
-        self.app = Starlette(routes=[Route("/router/stats", self._stats, methods=["GET"]),
+        self.app = Starlette(routes=[*admin_routes(self._view, self.metrics.registry),
                                      Route("/{path:path}", self.handle, methods=[
                                          "GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])],
                              lifespan=self._lifespan)
@@ -114,6 +120,7 @@ class Router:
             if rid not in wanted:
                 del self.replicas[rid]
                 self.health = self.health.without(rid)
+                self.metrics.forget(rid)
         for rid, u in wanted.items():
             if rid in self.replicas:
                 self.replicas[rid].upstream = u
@@ -144,7 +151,7 @@ class Router:
                 continue  # removed while probing
             event, self.health = hp.record_check(self.health, rt.upstream.replica_id, ok, now, self.config.health)
             if event is not None:
-                log.info("replica %s is %s", event.replica_id, event.kind.replace("_", " "))
+                log.info("event=%s replica=%s", event.kind, event.replica_id)
 
     async def _check_loop(self) -> None:
         while True:
@@ -169,10 +176,11 @@ class Router:
             latency_s = attempt.finish()
         if attempt.replica.upstream.replica_id not in self.replicas:
             return  # removed (drained) while this request was in flight
+        self.metrics.observe_attempt(attempt.replica.upstream.replica_id, attempt.outcome, latency_s)
         event, self.health = hp.record_result(self.health, attempt.replica.upstream.replica_id, failed,
                                               self.clock.now_s(), self.config.health)
         if event is not None:
-            log.warning("replica %s %s (until %.1f)", event.replica_id, event.kind, event.until_s)
+            log.warning("event=%s replica=%s until_s=%.1f", event.kind, event.replica_id, event.until_s)
         if attempt.outcome == "ok":
             self.latencies = self.latencies.add(latency_s)
         if self.canary is not None and attempt.arm and not tail.retryable(attempt.outcome):
@@ -228,7 +236,7 @@ class Router:
         event, self.health = hp.record_result(self.health, rt.upstream.replica_id, failed, now,
                                               self.config.health)
         if event is not None:
-            log.warning("replica %s %s (until %.1f)", event.replica_id, event.kind, event.until_s)
+            log.warning("event=%s replica=%s until_s=%.1f", event.kind, event.replica_id, event.until_s)
         if not failed:
             self.latencies = self.latencies.add(latency_s)
 
@@ -457,17 +465,15 @@ class Router:
         if self.config.adaptive_concurrency and latency_s > 0:
             self.vegas = tail.vegas_update(self.vegas, latency_s, inflight, dropped, self.config.vegas)
 
-    async def _stats(self, request: Request) -> Response:
-        now = self.clock.now_s()
-        reps = [{"id": s.replica_id, "url": self.replicas[s.replica_id].upstream.base_url, "ready": s.ready,
-                 "ejected": s.ejected(now), "outstanding": s.outstanding,
-                 "ewma_latency_ms": s.ewma_latency_s * 1e3, "requests": self.replicas[s.replica_id].requests,
-                 "failures": self.replicas[s.replica_id].failures} for s in self.snapshots()]
+    def _view(self) -> RouterView:
+        """What `/metrics` reads at scrape time."""
+        limit = self.vegas.effective_limit(self.config.vegas) if self.config.adaptive_concurrency else None
+        reps = tuple(ReplicaView(s, self.replicas[s.replica_id].upstream.base_url,
+                                 self.replicas[s.replica_id].requests, self.replicas[s.replica_id].failures)
+                     for s in self.snapshots())
         canary = None if self.canary is None else {"version": self.canary.canary_version,
                                                      "weight": self.canary.weight, "phase": self.canary.state.phase}
-        return Response(orjson.dumps({"counters": self.counters, "replicas": reps, "inflight": self.inflight,
-                                      "concurrency_limit": self.vegas.effective_limit(self.config.vegas),
-                                      "canary": canary}), media_type="application/json")
+        return RouterView(self.clock.now_s(), dict(self.counters), self.inflight, limit, reps, canary)
 
 
 def _end_span_with(response: Response, span: IngressSpan) -> Response:

@@ -1,0 +1,176 @@
+"""The router's own Prometheus metrics, so a fleet can be watched as a fleet.
+
+`GET /metrics` on the router serves these (and whatever else shares its registry: the gateway's refusals, the
+autoscaler's desired replicas and scaling events), instead of proxying one replica's page:
+
+    headroom_router_requests_total                      counter: requests the router accepted
+    headroom_router_events_total{event}                 counter: shed | limited | retries | retries_denied |
+                                                        hedges | hedge_wins | no_replica | upstream_failed |
+                                                        degraded | cancelled
+    headroom_router_inflight                            gauge: requests in the router now
+    headroom_router_concurrency_limit                   gauge: the adaptive (Vegas) limit, when enabled
+    headroom_router_replicas{state}                     gauge: replicas by state (ready | ejected | not_ready)
+    headroom_router_replica_requests_total{replica}     counter: attempts sent to the replica
+    headroom_router_replica_failures_total{replica}     counter: attempts that failed there
+    headroom_router_replica_outstanding{replica}        gauge: attempts in flight there
+    headroom_router_replica_ready{replica}              gauge: 1 when it passes readiness checks
+    headroom_router_replica_ejected{replica}            gauge: 1 while passive outlier detection ejects it
+    headroom_router_replica_ewma_latency_seconds{replica}  gauge: the peak-EWMA latency the policies use
+    headroom_router_attempt_latency_seconds{replica,outcome}  histogram: every finished attempt
+
+The counters and gauges are read from the router when Prometheus scrapes (a collector: nothing to keep in sync);
+only the latency histogram is observed per attempt. `GET /metrics/replicas` is Prometheus HTTP service
+discovery (`http_sd_configs`): one target per replica, so Prometheus scrapes every replica's own `/metrics`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from headroom.router.snapshot import ReplicaSnapshot
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """What the metrics read of one replica at scrape time."""
+
+    snapshot: ReplicaSnapshot
+    base_url: str
+    requests: int
+    failures: int
+
+
+@dataclass(frozen=True, slots=True)
+class RouterView:
+    """What the metrics read of the router at scrape time."""
+
+    now_s: float
+    counters: Mapping[str, int]
+    inflight: int
+    concurrency_limit: float | None  # None when adaptive concurrency is off
+    replicas: tuple[ReplicaView, ...]
+    canary: Mapping[str, object] | None = None  # version, weight, phase of a running canary rollout
+
+
+class _RouterCollector(Collector):
+    def __init__(self, read: Callable[[], RouterView]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        v = self._read()
+        total = CounterMetricFamily("headroom_router_requests", "Requests the router accepted.")
+        total.add_metric([], v.counters.get("requests", 0))
+        yield total
+        events = CounterMetricFamily("headroom_router_events", "Router decisions and failures, by event.",
+                                     labels=["event"])
+        for name, count in sorted(v.counters.items()):
+            if name != "requests":
+                events.add_metric([name], count)
+        yield events
+        yield GaugeMetricFamily("headroom_router_inflight", "Requests in the router now.", value=v.inflight)
+        if v.concurrency_limit is not None:
+            yield GaugeMetricFamily("headroom_router_concurrency_limit", "Adaptive concurrency limit.",
+                                    value=v.concurrency_limit)
+        yield from _replica_families(v)
+
+
+def _replica_families(v: RouterView) -> Iterator[Metric]:
+    states = {"ready": 0, "ejected": 0, "not_ready": 0}
+    requests = CounterMetricFamily("headroom_router_replica_requests", "Attempts sent to the replica.",
+                                   labels=["replica"])
+    failures = CounterMetricFamily("headroom_router_replica_failures", "Attempts that failed on the replica.",
+                                   labels=["replica"])
+    outstanding = GaugeMetricFamily("headroom_router_replica_outstanding", "Attempts in flight on the replica.",
+                                    labels=["replica"])
+    ready = GaugeMetricFamily("headroom_router_replica_ready", "1 when the replica passes readiness checks.",
+                              labels=["replica"])
+    ejected = GaugeMetricFamily("headroom_router_replica_ejected", "1 while outlier detection ejects the replica.",
+                                labels=["replica"])
+    ewma = GaugeMetricFamily("headroom_router_replica_ewma_latency_seconds", "Peak-EWMA latency of the replica.",
+                             labels=["replica"])
+    for r in v.replicas:
+        s, rid = r.snapshot, [r.snapshot.replica_id]
+        is_ejected = s.ejected(v.now_s)
+        states["not_ready" if not s.ready else "ejected" if is_ejected else "ready"] += 1
+        requests.add_metric(rid, r.requests)
+        failures.add_metric(rid, r.failures)
+        outstanding.add_metric(rid, s.outstanding)
+        ready.add_metric(rid, 1.0 if s.ready else 0.0)
+        ejected.add_metric(rid, 1.0 if is_ejected else 0.0)
+        ewma.add_metric(rid, s.ewma_latency_s)
+    by_state = GaugeMetricFamily("headroom_router_replicas", "Replicas by state.", labels=["state"])
+    for state, count in states.items():
+        by_state.add_metric([state], count)
+    yield from (by_state, requests, failures, outstanding, ready, ejected, ewma)
+
+
+class RouterMetrics:
+    """The router's families on one injected registry (never prometheus_client's global one)."""
+
+    def __init__(self, registry: CollectorRegistry, read: Callable[[], RouterView]) -> None:
+        self.registry = registry
+        registry.register(_RouterCollector(read))
+        self._latency = Histogram("headroom_router_attempt_latency_seconds", "Finished attempts, by replica.",
+                                  ["replica", "outcome"], buckets=LATENCY_BUCKETS_S, registry=registry)
+        self._series: set[tuple[str, str]] = set()  # (replica, outcome) label pairs observed
+
+    def observe_attempt(self, replica_id: str, outcome: str, latency_s: float) -> None:
+        self._series.add((replica_id, outcome))
+        self._latency.labels(replica_id, outcome).observe(latency_s)
+
+    def forget(self, replica_id: str) -> None:
+        """Drop a removed replica's latency series (its counters vanish with it from the collector)."""
+        for labels in [p for p in self._series if p[0] == replica_id]:
+            self._series.discard(labels)
+            self._latency.remove(*labels)
+
+
+def service_discovery(replicas: tuple[ReplicaView, ...]) -> list[dict[str, object]]:
+    """Prometheus `http_sd_configs` targets: one group per replica, labelled with its id and readiness."""
+    groups: list[dict[str, object]] = []
+    for r in replicas:
+        parts = urlsplit(r.base_url)
+        groups.append({
+            "targets": [parts.netloc],
+            "labels": {"replica": r.snapshot.replica_id, "__scheme__": parts.scheme or "http",
+                       "ready": "true" if r.snapshot.ready else "false"},
+        })
+    return groups
+
+
+def stats_document(v: RouterView) -> dict[str, object]:
+    """`GET /router/stats`: the same view as JSON, for people and scripts."""
+    reps = [{"id": r.snapshot.replica_id, "url": r.base_url, "ready": r.snapshot.ready,
+             "ejected": r.snapshot.ejected(v.now_s), "outstanding": r.snapshot.outstanding,
+             "ewma_latency_ms": r.snapshot.ewma_latency_s * 1e3, "requests": r.requests, "failures": r.failures}
+            for r in v.replicas]
+    return {"counters": dict(v.counters), "replicas": reps, "inflight": v.inflight,
+            "concurrency_limit": v.concurrency_limit, "canary": v.canary}
+
+
+def admin_routes(read: Callable[[], RouterView], registry: CollectorRegistry) -> list[Route]:
+    """The router's own endpoints: `/router/stats` (JSON), `/metrics` (Prometheus), `/metrics/replicas` (SD)."""
+
+    async def stats(request: Request) -> Response:
+        return Response(orjson.dumps(stats_document(read())), media_type="application/json")
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def discovery(request: Request) -> Response:
+        return Response(orjson.dumps(service_discovery(read().replicas)), media_type="application/json")
+
+    return [Route("/router/stats", stats, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
+            Route("/metrics/replicas", discovery, methods=["GET"])]
