@@ -86,34 +86,35 @@ class _RouterCollector(Collector):
         yield from _replica_families(v)
 
 
+#: per-replica families: (name, help, counter?, value of one replica at `now_s`)
+_PER_REPLICA: tuple[tuple[str, str, bool, Callable[[ReplicaView, float], float]], ...] = (
+    ("headroom_router_replica_requests", "Attempts sent to the replica.", True, lambda r, _: r.requests),
+    ("headroom_router_replica_failures", "Attempts that failed on the replica.", True, lambda r, _: r.failures),
+    ("headroom_router_replica_outstanding", "Attempts in flight on the replica.", False,
+     lambda r, _: r.snapshot.outstanding),
+    ("headroom_router_replica_ready", "1 when the replica passes readiness checks.", False,
+     lambda r, _: float(r.snapshot.ready)),
+    ("headroom_router_replica_ejected", "1 while outlier detection ejects the replica.", False,
+     lambda r, now: float(r.snapshot.ejected(now))),
+    ("headroom_router_replica_ewma_latency_seconds", "Peak-EWMA latency of the replica.", False,
+     lambda r, _: r.snapshot.ewma_latency_s),
+)
+
+
 def _replica_families(v: RouterView) -> Iterator[Metric]:
     states = {"ready": 0, "ejected": 0, "not_ready": 0}
-    requests = CounterMetricFamily("headroom_router_replica_requests", "Attempts sent to the replica.",
-                                   labels=["replica"])
-    failures = CounterMetricFamily("headroom_router_replica_failures", "Attempts that failed on the replica.",
-                                   labels=["replica"])
-    outstanding = GaugeMetricFamily("headroom_router_replica_outstanding", "Attempts in flight on the replica.",
-                                    labels=["replica"])
-    ready = GaugeMetricFamily("headroom_router_replica_ready", "1 when the replica passes readiness checks.",
-                              labels=["replica"])
-    ejected = GaugeMetricFamily("headroom_router_replica_ejected", "1 while outlier detection ejects the replica.",
-                                labels=["replica"])
-    ewma = GaugeMetricFamily("headroom_router_replica_ewma_latency_seconds", "Peak-EWMA latency of the replica.",
-                             labels=["replica"])
     for r in v.replicas:
-        s, rid = r.snapshot, [r.snapshot.replica_id]
-        is_ejected = s.ejected(v.now_s)
-        states["not_ready" if not s.ready else "ejected" if is_ejected else "ready"] += 1
-        requests.add_metric(rid, r.requests)
-        failures.add_metric(rid, r.failures)
-        outstanding.add_metric(rid, s.outstanding)
-        ready.add_metric(rid, 1.0 if s.ready else 0.0)
-        ejected.add_metric(rid, 1.0 if is_ejected else 0.0)
-        ewma.add_metric(rid, s.ewma_latency_s)
+        s = r.snapshot
+        states["not_ready" if not s.ready else "ejected" if s.ejected(v.now_s) else "ready"] += 1
     by_state = GaugeMetricFamily("headroom_router_replicas", "Replicas by state.", labels=["state"])
     for state, count in states.items():
         by_state.add_metric([state], count)
-    yield from (by_state, requests, failures, outstanding, ready, ejected, ewma)
+    yield by_state
+    for name, text, counter, value in _PER_REPLICA:
+        family = (CounterMetricFamily if counter else GaugeMetricFamily)(name, text, labels=["replica"])
+        for r in v.replicas:
+            family.add_metric([r.snapshot.replica_id], value(r, v.now_s))
+        yield family
 
 
 class RouterMetrics:
