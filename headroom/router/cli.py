@@ -30,11 +30,19 @@ from starlette.types import ASGIApp
 from headroom.autoscaler.controller import AutoscalerController, router_sampler
 from headroom.autoscaler.policy import AutoscalerConfig
 from headroom.core.clock import MonotonicClock
+from headroom.core.strict_mapping import ConfigError
 from headroom.gateway.app import GatewaySetup, gateway_setup, wrap_app
 from headroom.gateway.grpc_auth import GatewayInterceptor
 from headroom.gateway.ratelimit import RateLimiter
 from headroom.gateway.slow_headers import header_deadline_protocol
 from headroom.gateway.span_export import file_tracer_provider
+from headroom.router.fleet_config import (
+    FleetConfig,
+    apply_flags,
+    dump_fleet_config,
+    given_flags,
+    load_fleet_config,
+)
 from headroom.router.grpc_proxy import GrpcProxy
 from headroom.router.policies import POLICIES
 from headroom.router.proxy import ProxyConfig, Router
@@ -206,6 +214,11 @@ def _parse_resources(specs: Sequence[str]) -> tuple[tuple[str, float], ...]:
 
 
 def route(
+    ctx: typer.Context,
+    config: Path | None = typer.Option(None, "--config", help="router.yaml: the fleet, every router policy and the "
+                                "autoscaler in one validated file (docs/router.md); flags given here override it."),
+    print_config: bool = typer.Option(False, "--print-config", help="Print the merged configuration as YAML "
+                                      "(the --config format) and exit."),
     replicas: int = typer.Option(2, min=1, help="Replicas to start (each a full `headroom serve`)."),
     backend: str = typer.Option("local", help="Where replicas run: 'local' (processes on this machine) or "
                                               "'ray' (one Ray actor per replica, placed on a Ray cluster)."),
@@ -259,16 +272,25 @@ def route(
         raise _fail(err, f"unknown backend {backend!r}; use 'local' or 'ray'")
     if policy not in POLICIES:
         raise _fail(err, f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
+    flags = given_flags(ctx)
+    defaults = {"min_replicas": min_replicas, "max_replicas": max_replicas, "warm_pool": warm_pool}
     try:
-        scaler = AutoscalerConfig(min_replicas=min_replicas, max_replicas=max_replicas,
-                                  warm_pool=warm_pool) if autoscale else None
+        fleet_cfg = apply_flags(load_fleet_config(config) if config else FleetConfig(), flags, defaults)
+    except ConfigError as exc:
+        raise _fail(err, str(exc)) from None
+    if print_config:
+        typer.echo(dump_fleet_config(fleet_cfg), nl=False)
+        return
+    spec, proxy, scaler = fleet_cfg.fleet, fleet_cfg.router, fleet_cfg.autoscaler
+    replicas, backend, replica_capacity = spec.replicas, spec.backend, spec.replica_capacity
+    drain_timeout_s, model_repository, model = spec.drain_timeout_s, Path(spec.model_repository), list(spec.models)
+    try:
         ray_cfg = RayReplicaConfig(host=replica_host or None, capacity=replica_capacity,
                                    actor_num_cpus=actor_num_cpus, drain_timeout_s=drain_timeout_s + 5.0,
                                    grpc=grpc_port >= 0, placement=placement,
                                    actor_resources=_parse_resources(actor_resource))
     except ValueError as exc:
         raise _fail(err, str(exc)) from None
-    proxy = ProxyConfig(policy=policy, hedging=hedging, shedding=shedding)
     try:
         gateway = gateway_setup(api_keys_file, rate_limit_rps=rate_limit_rps, rate_limit_burst=rate_limit_burst,
                                 llm_tokens_per_s=llm_tokens_per_s, llm_token_burst=llm_token_burst,

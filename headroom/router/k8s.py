@@ -21,6 +21,8 @@ from typing import Any
 import typer
 import yaml
 
+from headroom.router.fleet_config import FleetConfig, given_flags, load_fleet_config
+
 Manifest = dict[str, Any]
 
 
@@ -173,10 +175,34 @@ def to_yaml(docs: list[Manifest]) -> str:
 
 
 deploy_app = typer.Typer(help="Write deployment manifests.", no_args_is_help=True, add_completion=False)
+_DEFAULTS = K8sConfig()
+
+
+@deploy_app.callback()
+def _deploy() -> None:
+    """Write deployment manifests: `headroom deploy k8s ...` (a group, so the documented spelling works)."""
+
+
+def from_fleet(fleet: FleetConfig) -> dict[str, Any]:
+    """The K8sConfig fields a router.yaml decides: replicas, the autoscaler's range, per-pod targets from the
+    replica capacity (75% of it, the autoscaler's scale-up point) and a grace period that covers the drain."""
+    spec = fleet.fleet
+    out: dict[str, Any] = {"replicas": spec.replicas,
+                           "target_inflight_per_pod": max(1, int(spec.replica_capacity * 0.75))}
+    grace = int(spec.drain_timeout_s) + _DEFAULTS.prestop_sleep_s + 2
+    out["termination_grace_s"] = max(_DEFAULTS.termination_grace_s, grace)
+    if fleet.autoscaler is not None:
+        out["min_replicas"] = max(1, fleet.autoscaler.min_replicas)
+        out["max_replicas"] = fleet.autoscaler.max_replicas
+    return out
 
 
 @deploy_app.command("k8s")
 def k8s(
+    ctx: typer.Context,
+    config: Path | None = typer.Option(None, "--config", help="router.yaml (the file `headroom route --config` "
+                                       "reads): replicas, autoscaling floor/ceiling, replica capacity and drain "
+                                       "time come from it; flags given here override it."),
     image: str = typer.Option("headroom:latest", help="Container image holding headroom and the models."),
     name: str = typer.Option("headroom", help="Name and app label of every object."),
     namespace: str = typer.Option("default", help="Target namespace."),
@@ -184,13 +210,19 @@ def k8s(
     autoscaler: str = typer.Option("hpa", help="hpa (needs a Prometheus adapter) or keda (KEDA installed)."),
     min_replicas: int = typer.Option(1, help="Autoscaling floor."),
     max_replicas: int = typer.Option(8, help="Autoscaling ceiling."),
+    prometheus_url: str = typer.Option(_DEFAULTS.prometheus_url, help="Prometheus the KEDA trigger queries."),
     output: Path | None = typer.Option(None, help="Write here instead of stdout."),
 ) -> None:
     """Kubernetes manifests: Deployment (startup/readiness/liveness probes, preStop drain), Service,
     PodDisruptionBudget and an HPA or KEDA ScaledObject on headroom's Prometheus metrics."""
     try:
-        cfg = K8sConfig(image=image, name=name, namespace=namespace, replicas=replicas, autoscaler=autoscaler,
-                        min_replicas=min_replicas, max_replicas=max_replicas)
+        fields: dict[str, Any] = {"image": image, "name": name, "namespace": namespace, "replicas": replicas,
+                                  "autoscaler": autoscaler, "min_replicas": min_replicas,
+                                  "max_replicas": max_replicas, "prometheus_url": prometheus_url}
+        if config is not None:
+            fields |= from_fleet(load_fleet_config(config))
+        fields |= {k: v for k, v in given_flags(ctx).items() if k in fields}
+        cfg = K8sConfig(**fields)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None

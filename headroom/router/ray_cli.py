@@ -38,6 +38,7 @@ async def run_ray_cluster(command: RayCommandFactory, replicas: int, proxy: Prox
 
 
 def route_ray(
+    ctx: typer.Context,
     replicas: int = typer.Option(2, min=1, help="Replica actors to place (each runs one `headroom serve`)."),
     ray_address: str = typer.Option("", help="Existing Ray cluster: 'auto', HOST:6379 or ray://HOST:10001. "
                                              "Empty = start a local cluster on 127.0.0.1 for this run."),
@@ -62,7 +63,8 @@ def route_ray(
     placed as Ray actors (gRPC off, as before)."""
     Console(stderr=True).print("[yellow]`headroom route-ray` is deprecated: use `headroom route --backend ray` "
                                "(same flags).[/]")
-    route(replicas=replicas, backend="ray", policy=policy, host=host, port=port, grpc_port=-1,
+    route(ctx, config=None, print_config=False, replicas=replicas, backend="ray", policy=policy, host=host,
+          port=port, grpc_port=-1,
           model_repository=model_repository, model=model, replica_capacity=replica_capacity, hedging=False,
           shedding=True, autoscale=autoscale, min_replicas=min_replicas, max_replicas=max_replicas, warm_pool=0,
           drain_timeout_s=drain_timeout_s, ray_address=ray_address, ray_num_cpus=ray_num_cpus,
