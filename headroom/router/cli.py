@@ -44,6 +44,7 @@ from headroom.router.fleet_config import (
     load_fleet_config,
 )
 from headroom.router.grpc_proxy import GrpcProxy
+from headroom.router.k8s_discovery import DiscoveryConfig, K8sEndpointsFleet
 from headroom.router.policies import POLICIES
 from headroom.router.proxy import ProxyConfig, Router
 from headroom.router.ray_cluster import RayClusterConfig, connect_ray, ray_serve_command, shutdown_ray
@@ -220,6 +221,12 @@ def route(
     print_config: bool = typer.Option(False, "--print-config", help="Print the merged configuration as YAML "
                                       "(the --config format) and exit."),
     replicas: int = typer.Option(2, min=1, help="Replicas to start (each a full `headroom serve`)."),
+    discover: str = typer.Option("none", help="'k8s': start no replicas; route to the ready endpoints of the "
+                                 "Kubernetes Service --k8s-service (EndpointSlice API; `headroom deploy k8s` "
+                                 "renders this router). 'none': the backend starts the replicas."),
+    k8s_service: str = typer.Option("", help="With --discover k8s: the replicas' (headless) Service."),
+    k8s_namespace: str = typer.Option("", help="With --discover k8s: its namespace (default: the pod's own)."),
+    k8s_api: str = typer.Option("", help="With --discover k8s: the API server URL (default: in-cluster)."),
     backend: str = typer.Option("local", help="Where replicas run: 'local' (processes on this machine) or "
                                               "'ray' (one Ray actor per replica, placed on a Ray cluster)."),
     policy: str = typer.Option("peak_ewma", help=f"Routing policy: {', '.join(POLICIES)}."),
@@ -298,6 +305,17 @@ def route(
     except ValueError as exc:
         raise _fail(err, str(exc)) from None
     tracer = file_tracer_provider(trace_spans_file) if trace_spans_file is not None else None
+    if discover not in ("none", "k8s"):
+        raise _fail(err, f"--discover {discover!r}: use 'none' or 'k8s'")
+    if discover == "k8s":
+        try:
+            found = DiscoveryConfig(service=k8s_service, namespace=k8s_namespace, api_url=k8s_api,
+                                    capacity=replica_capacity)
+        except ValueError as exc:
+            raise _fail(err, str(exc)) from None
+        asyncio.run(run_fleet(lambda on_change: K8sEndpointsFleet(found, on_change), replicas, proxy, host, port,
+                              None, console=err, grpc_port=grpc_port, tracer_provider=tracer, gateway=gateway))
+        return
     if backend == "local":
         manager_cfg = ReplicaManagerConfig(host="127.0.0.1", capacity=replica_capacity,
                                            drain_timeout_s=drain_timeout_s + 5.0)

@@ -1,4 +1,6 @@
-"""`headroom deploy k8s`: Kubernetes manifests for a headroom fleet (Deployment, Service, PDB, HPA or KEDA).
+"""`headroom deploy k8s`: Kubernetes manifests for a headroom fleet: the replicas (Deployment, headless Service,
+PDB, HPA or KEDA, optionally a model PersistentVolumeClaim) and headroom's router in front of them
+(`headroom.router.k8s_router`: it discovers the replicas through the EndpointSlice API).
 
 Defaults follow the Kubernetes docs and the textbook's cold-start advice (all cited inline):
 
@@ -9,67 +11,53 @@ Defaults follow the Kubernetes docs and the textbook's cold-start advice (all ci
   drain, bounded by `--drain-timeout-s`; the sum stays inside `terminationGracePeriodSeconds`.
 * The autoscaler is an HPA (autoscaling/v2, on the per-pod `headroom_inflight_requests` metric from a
   Prometheus adapter, HPA behaviour as in headroom.autoscaler.policy) or a KEDA ScaledObject with a
-  Prometheus trigger (the simulator page's pattern: scale on request rate per pod).
+  Prometheus trigger on the router's request rate (the simulator page's pattern: scale on request rate per
+  pod), with the Prometheus address as a parameter (`--prometheus-url`).
+* The root filesystem is read-only; compiled kernels and converted tokenizers go to an emptyDir
+  (`HEADROOM_CACHE_DIR`). The models are in the image (`--model-volume image`, see deploy/Dockerfile) or on a
+  ReadOnlyMany claim (`--model-volume pvc`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import typer
 import yaml
 
-from headroom.router.fleet_config import FleetConfig, given_flags, load_fleet_config
-
-Manifest = dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class K8sConfig:
-    """What the manifests describe."""
-
-    name: str = "headroom"  # Deployment / Service / PDB / autoscaler name and `app` label
-    namespace: str = "default"  # target namespace
-    image: str = "headroom:latest"  # container image with headroom and the model repository
-    model_repository: str = "/models"  # model repository path inside the image
-    replicas: int = 2  # initial replicas (the autoscaler takes over)
-    http_port: int = 8000  # KServe V2 / OpenAI / metrics
-    grpc_port: int = 8001  # inference.GRPCInferenceService
-    cpu: str = "2"  # CPU request = limit (Guaranteed QoS keeps latency predictable)
-    memory: str = "4Gi"  # memory request = limit
-    startup_budget_s: int = 300  # startup probe allows this long for loading + warm-up (10 s x 30)
-    termination_grace_s: int = 30  # Kubernetes default terminationGracePeriodSeconds
-    prestop_sleep_s: int = 5  # wait for endpoint removal before draining
-    autoscaler: str = "hpa"  # hpa | keda
-    min_replicas: int = 1  # simulator page: keep one replica alive (cold starts take minutes)
-    max_replicas: int = 8  # simulator page KEDA example: maxReplicaCount 8
-    target_inflight_per_pod: int = 6  # HPA target: in-flight requests per pod (75% of a capacity of 8)
-    prometheus_url: str = "http://prometheus.monitoring:9090"  # KEDA Prometheus trigger serverAddress
-    target_rps_per_pod: int = 40  # KEDA threshold: requests/s per pod (simulator page example: 40)
-    min_available: int = 1  # PodDisruptionBudget minAvailable
-
-    def __post_init__(self) -> None:
-        if self.autoscaler not in ("hpa", "keda"):
-            raise ValueError(f"autoscaler must be 'hpa' or 'keda', got {self.autoscaler!r}")
-        if not 1 <= self.min_replicas <= self.max_replicas:
-            raise ValueError("need 1 <= min_replicas <= max_replicas")
-        if self.prestop_sleep_s + 1 >= self.termination_grace_s:
-            raise ValueError("prestop_sleep_s must leave time to drain inside termination_grace_s")
-
-    @property
-    def drain_timeout_s(self) -> int:
-        """headroom's own drain budget: the grace period minus the preStop sleep and a 2 s margin."""
-        return max(1, self.termination_grace_s - self.prestop_sleep_s - 2)
+from headroom.router.fleet_config import FleetConfig, dump_fleet_config, given_flags, load_fleet_config
+from headroom.router.k8s_config import K8sConfig, Manifest
+from headroom.router.k8s_router import labels, replicas_service_name, router_manifests, router_name
 
 
 def _labels(cfg: K8sConfig) -> dict[str, str]:
-    return {"app.kubernetes.io/name": cfg.name, "app.kubernetes.io/part-of": "headroom"}
+    return labels(cfg, "replica")
 
 
-def _meta(cfg: K8sConfig) -> dict[str, Any]:
-    return {"name": cfg.name, "namespace": cfg.namespace, "labels": _labels(cfg)}
+def _meta(cfg: K8sConfig, name: str = "") -> dict[str, Any]:
+    return {"name": name or cfg.name, "namespace": cfg.namespace, "labels": _labels(cfg)}
+
+
+CACHE_DIR = "/var/cache/headroom"  # HEADROOM_CACHE_DIR: compiled kernels, converted tokenizers (an emptyDir)
+
+
+def _volumes(cfg: K8sConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, container mounts): a writable cache on a read-only root filesystem, and the models from a
+    PersistentVolumeClaim when `model_volume` is pvc (else they are in the image at `model_repository`)."""
+    volumes: list[dict[str, Any]] = [{"name": "cache", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "cache", "mountPath": CACHE_DIR}]
+    if cfg.model_volume == "pvc":
+        volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": f"{cfg.name}-models",
+                                                                    "readOnly": True}})
+        mounts.append({"name": "models", "mountPath": cfg.model_repository, "readOnly": True})
+    return volumes, mounts
+
+
+def model_claim(cfg: K8sConfig) -> Manifest:
+    """The models' PersistentVolumeClaim (ReadOnlyMany: every replica mounts the same copy)."""
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _meta(cfg, f"{cfg.name}-models"),
+            "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": cfg.model_volume_size}}}}
 
 
 def deployment(cfg: K8sConfig) -> Manifest:
@@ -77,6 +65,7 @@ def deployment(cfg: K8sConfig) -> Manifest:
         return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period_s, "timeoutSeconds": 1,
                 "failureThreshold": failures, "successThreshold": 1}
 
+    volumes, mounts = _volumes(cfg)
     container = {
         "name": "headroom",
         "image": cfg.image,
@@ -92,6 +81,8 @@ def deployment(cfg: K8sConfig) -> Manifest:
         "readinessProbe": probe("/v2/health/ready", 5, 2),
         "livenessProbe": probe("/v2/health/live", 10, 3),
         "lifecycle": {"preStop": {"sleep": {"seconds": cfg.prestop_sleep_s}}},
+        "env": [{"name": "HEADROOM_CACHE_DIR", "value": CACHE_DIR}],
+        "volumeMounts": mounts,
         "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
                             "readOnlyRootFilesystem": True},
     }
@@ -107,15 +98,17 @@ def deployment(cfg: K8sConfig) -> Manifest:
                                              "prometheus.io/port": str(cfg.http_port)}},
                 "spec": {"terminationGracePeriodSeconds": cfg.termination_grace_s,
                          "securityContext": {"runAsUser": 1000, "runAsNonRoot": True},
-                         "containers": [container]},
+                         "containers": [container], "volumes": volumes},
             },
         },
     }
 
 
 def service(cfg: K8sConfig) -> Manifest:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(cfg),
-            "spec": {"selector": _labels(cfg), "ports": [
+    """The replicas' headless Service: its EndpointSlices are what the router discovers (clients use the
+    router's Service, `cfg.name`)."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(cfg, replicas_service_name(cfg)),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": False, "selector": _labels(cfg), "ports": [
                 {"name": "http", "port": cfg.http_port, "targetPort": "http", "protocol": "TCP"},
                 {"name": "grpc", "port": cfg.grpc_port, "targetPort": "grpc", "protocol": "TCP",
                  "appProtocol": "grpc"}]}}
@@ -149,8 +142,8 @@ def hpa(cfg: K8sConfig) -> Manifest:
 
 def keda_scaled_object(cfg: K8sConfig) -> Manifest:
     """KEDA ScaledObject (keda.sh/v1alpha1; a CRD, so not in the core schemas)."""
-    selector = f'namespace="{cfg.namespace}",pod=~"{cfg.name}-.*"'
-    query = f"sum(rate(headroom_requests_total{{{selector}}}[1m]))"
+    selector = f'namespace="{cfg.namespace}",pod=~"{router_name(cfg)}-.*"'
+    query = f"sum(rate(headroom_router_requests_total{{{selector}}}[1m]))"  # every request passes the router
     return {
         "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": _meta(cfg),
         "spec": {
@@ -165,9 +158,11 @@ def keda_scaled_object(cfg: K8sConfig) -> Manifest:
 
 
 def manifests(cfg: K8sConfig) -> list[Manifest]:
-    """Deployment, Service, PodDisruptionBudget and the chosen autoscaler, in apply order."""
+    """The replicas (Deployment, headless Service, PodDisruptionBudget, the chosen autoscaler, the model claim
+    when asked for), then the router in front of them (`headroom.router.k8s_router`), in apply order."""
     scaler = hpa(cfg) if cfg.autoscaler == "hpa" else keda_scaled_object(cfg)
-    return [deployment(cfg), service(cfg), pod_disruption_budget(cfg), scaler]
+    claim = [model_claim(cfg)] if cfg.model_volume == "pvc" else []
+    return [deployment(cfg), service(cfg), pod_disruption_budget(cfg), scaler, *claim, *router_manifests(cfg)]
 
 
 def to_yaml(docs: list[Manifest]) -> str:
@@ -194,6 +189,7 @@ def from_fleet(fleet: FleetConfig) -> dict[str, Any]:
     if fleet.autoscaler is not None:
         out["min_replicas"] = max(1, fleet.autoscaler.min_replicas)
         out["max_replicas"] = fleet.autoscaler.max_replicas
+    out["router_config"] = dump_fleet_config(fleet)  # the router pods read the very same (validated) file
     return out
 
 
@@ -211,14 +207,20 @@ def k8s(
     min_replicas: int = typer.Option(1, help="Autoscaling floor."),
     max_replicas: int = typer.Option(8, help="Autoscaling ceiling."),
     prometheus_url: str = typer.Option(_DEFAULTS.prometheus_url, help="Prometheus the KEDA trigger queries."),
+    model_volume: str = typer.Option("image", help="image: the models are baked into the image (deploy/Dockerfile)"
+                                     "; pvc: mount a ReadOnlyMany PersistentVolumeClaim <name>-models."),
+    router_replicas: int = typer.Option(2, help="Router pods in front of the replicas."),
     output: Path | None = typer.Option(None, help="Write here instead of stdout."),
 ) -> None:
-    """Kubernetes manifests: Deployment (startup/readiness/liveness probes, preStop drain), Service,
-    PodDisruptionBudget and an HPA or KEDA ScaledObject on headroom's Prometheus metrics."""
+    """Kubernetes manifests: the replica Deployment (startup/readiness/liveness probes, preStop drain), its
+    headless Service, PodDisruptionBudget and an HPA or KEDA ScaledObject on headroom's Prometheus metrics, and
+    headroom's router in front (RBAC for endpoint discovery, its router.yaml as a ConfigMap, Deployment, the
+    public Service)."""
     try:
         fields: dict[str, Any] = {"image": image, "name": name, "namespace": namespace, "replicas": replicas,
                                   "autoscaler": autoscaler, "min_replicas": min_replicas,
-                                  "max_replicas": max_replicas, "prometheus_url": prometheus_url}
+                                  "max_replicas": max_replicas, "prometheus_url": prometheus_url,
+                                  "model_volume": model_volume, "router_replicas": router_replicas}
         if config is not None:
             fields |= from_fleet(load_fleet_config(config))
         fields |= {k: v for k, v in given_flags(ctx).items() if k in fields}

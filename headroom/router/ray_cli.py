@@ -63,7 +63,8 @@ def route_ray(
     placed as Ray actors (gRPC off, as before)."""
     Console(stderr=True).print("[yellow]`headroom route-ray` is deprecated: use `headroom route --backend ray` "
                                "(same flags).[/]")
-    route(ctx, config=None, print_config=False, replicas=replicas, backend="ray", policy=policy, host=host,
+    route(ctx, config=None, print_config=False, replicas=replicas, discover="none", k8s_service="",
+          k8s_namespace="", k8s_api="", backend="ray", policy=policy, host=host,
           port=port, grpc_port=-1,
           model_repository=model_repository, model=model, replica_capacity=replica_capacity, hedging=False,
           shedding=True, autoscale=autoscale, min_replicas=min_replicas, max_replicas=max_replicas, warm_pool=0,

@@ -90,9 +90,11 @@ def test_deploy_k8s_reads_the_same_file(tmp_path: Path) -> None:
     good.write_text(FILE)
     result = CliRunner().invoke(app, ["deploy", "k8s", "--config", str(good), "--max-replicas", "7"])
     assert result.exit_code == 0, result.output
-    docs = {d["kind"]: d for d in yaml.safe_load_all(result.stdout)}
-    assert docs["Deployment"]["spec"]["replicas"] == 3
-    assert docs["HorizontalPodAutoscaler"]["spec"]["minReplicas"] == 2
-    assert docs["HorizontalPodAutoscaler"]["spec"]["maxReplicas"] == 7  # the flag wins
-    grace = docs["Deployment"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(result.stdout)}
+    assert docs["Deployment", "headroom"]["spec"]["replicas"] == 3
+    router_yaml = docs["ConfigMap", "headroom-router"]["data"]["router.yaml"]
+    assert parse_fleet_config(yaml.safe_load(router_yaml)) == parse_fleet_config(yaml.safe_load(FILE))
+    assert docs["HorizontalPodAutoscaler", "headroom"]["spec"]["minReplicas"] == 2
+    assert docs["HorizontalPodAutoscaler", "headroom"]["spec"]["maxReplicas"] == 7  # the flag wins
+    grace = docs["Deployment", "headroom"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace >= 45  # covers the file's drain time

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]  # no py.typed marker
 import pytest
@@ -56,7 +57,8 @@ def test_keda_scaled_object_targets_the_deployment_with_a_prometheus_trigger() -
     so = manifests(K8sConfig(autoscaler="keda", name="llm"))[3]
     assert so["kind"] == "ScaledObject" and so["spec"]["scaleTargetRef"]["name"] == "llm"
     trigger = so["spec"]["triggers"][0]
-    assert trigger["type"] == "prometheus" and "headroom_requests_total" in trigger["metadata"]["query"]
+    assert trigger["type"] == "prometheus" and "headroom_router_requests_total" in trigger["metadata"]["query"]
+    assert 'pod=~"llm-router-.*"' in trigger["metadata"]["query"]
     assert all(isinstance(v, str) for v in trigger["metadata"].values())  # KEDA wants strings
 
 
@@ -71,3 +73,66 @@ def test_cli_writes_yaml_and_rejects_bad_input(tmp_path: Path) -> None:
     assert to_yaml(docs) == out.read_text()
     bad = CliRunner().invoke(app, ["deploy", "k8s", "--autoscaler", "vpa"])
     assert bad.exit_code == 2 and "hpa" in bad.output
+
+
+def _by_name(docs: list[dict[str, object]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(str(d["kind"]), str(d["metadata"]["name"])): d for d in docs}  # type: ignore[index]
+
+
+@pytest.mark.parametrize("volume", ["image", "pvc"])
+def test_the_router_fronts_the_replicas_and_everything_validates(volume: str) -> None:
+    docs = _by_name(manifests(K8sConfig(name="hr", model_volume=volume)))
+    for doc in docs.values():
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    replicas_svc, public = docs["Service", "hr-replicas"], docs["Service", "hr"]
+    assert replicas_svc["spec"]["clusterIP"] == "None"  # headless: only the router reads its endpoints
+    assert replicas_svc["spec"]["selector"]["app.kubernetes.io/component"] == "replica"
+    assert public["spec"]["selector"]["app.kubernetes.io/component"] == "router"
+    replica_pod = docs["Deployment", "hr"]["spec"]["template"]
+    assert replica_pod["metadata"]["labels"] == replicas_svc["spec"]["selector"]
+    router_pod = docs["Deployment", "hr-router"]["spec"]["template"]
+    assert router_pod["metadata"]["labels"] == public["spec"]["selector"]
+    assert router_pod["spec"]["serviceAccountName"] == "hr-router"
+    rules = docs["Role", "hr-router"]["rules"]
+    assert rules == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                      "verbs": ["get", "list", "watch"]}]
+    mounts = {m["name"]: m for m in replica_pod["spec"]["containers"][0]["volumeMounts"]}
+    assert "cache" in mounts  # a writable cache on the read-only root filesystem
+    assert ("models" in mounts) == (volume == "pvc") and (("PersistentVolumeClaim", "hr-models") in docs) == (
+        volume == "pvc")
+
+
+def test_container_args_parse_with_the_real_cli() -> None:
+    """The pods' command lines are accepted by `headroom route` / `headroom serve` as they are (no image is
+    built here: this is the entrypoint contract the Dockerfile's ENTRYPOINT ["headroom"] relies on)."""
+    from headroom.cli.main import load_subcommand
+
+    docs = _by_name(manifests(K8sConfig(name="hr")))
+    for deploy, command in (("hr", "serve"), ("hr-router", "route")):
+        args = docs["Deployment", deploy]["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[0] == command
+        cmd = load_subcommand(command)
+        ctx = cmd.make_context(command, list(args[1:]), resilient_parsing=False)
+        assert ctx.params  # parsed: unknown or malformed options raise click.UsageError above
+    router_args = docs["Deployment", "hr-router"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert router_args[router_args.index("--k8s-service") + 1] == "hr-replicas"
+
+
+def test_dockerfile_entrypoint_contract() -> None:
+    """No container daemon here, so no image is built in CI: this checks what the image promises instead — its
+    default command parses as `headroom serve` options, it runs as a non-root user, and it pins the same torch as
+    constraints.txt (a CPU build from the CPU wheel index)."""
+    import json
+
+    from headroom.cli.main import load_subcommand
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "deploy" / "docker" / "Dockerfile").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    entry = json.loads(next(ln for ln in lines if ln.startswith("ENTRYPOINT")).removeprefix("ENTRYPOINT"))
+    cmd = json.loads(next(ln for ln in lines if ln.startswith("CMD")).removeprefix("CMD"))
+    assert entry == ["headroom"] and cmd[0] == "serve"
+    load_subcommand("serve").make_context("serve", cmd[1:])
+    assert next(ln for ln in reversed(lines) if ln.startswith("USER")) == "USER 1000"
+    pinned = next(ln for ln in (root / "constraints.txt").read_text().splitlines() if ln.startswith("torch=="))
+    assert pinned in text and "whl/cpu" in text
