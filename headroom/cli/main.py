@@ -38,6 +38,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "route-ray": Subcommand("headroom.router.ray_cli", "route_ray", False),
     "batch": Subcommand("headroom.lifecycle.batch_cli", "batch", False),
     "deploy": Subcommand("headroom.router.k8s", "deploy_app", True),
+    "rollout": Subcommand("headroom.cli.rollout", "app", True),
 }
 
 

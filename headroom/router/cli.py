@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -56,6 +57,8 @@ from headroom.router.replicas import (
     ReplicaFleet,
     ReplicaManagerConfig,
 )
+from headroom.router.rollout_api import rollout_routes
+from headroom.router.rollout_fleet import CanaryFactory, RolloutError, RolloutFleet, RolloutSpec, pinned_repository
 from headroom.router.upstream import Upstream
 
 BACKENDS = ("local", "ray")
@@ -125,13 +128,15 @@ async def run_fleet(make_fleet: FleetFactory, replicas: int, proxy: ProxyConfig,
                     stop: asyncio.Event | None = None, grpc_port: int = -1,
                     registry: CollectorRegistry | None = None,
                     tracer_provider: TracerProvider | None = None,
-                    gateway: GatewaySetup | None = None) -> ReplicaFleet:
+                    gateway: GatewaySetup | None = None,
+                    make_canary: CanaryFactory | None = None) -> RolloutFleet:
     """Serve the router on host:port (and gRPC on `grpc_port` unless -1) in front of the fleet `make_fleet`
     builds, until SIGINT/SIGTERM or `stop`; then drain every replica and return the fleet."""
     console = console or Console(stderr=True)
     registry = registry or CollectorRegistry()  # the router's /metrics: its own, the gateway's, the autoscaler's
     router = Router([], proxy, tracer_provider=tracer_provider, registry=registry)
-    fleet = make_fleet(router.set_upstreams)
+    fleet = RolloutFleet(make_fleet, router, make_canary)  # `headroom rollout` starts new versions through it
+    router.app.router.routes[0:0] = rollout_routes(fleet)
     app, interceptors, protocol = gateway_front(router, gateway, tracer_provider, registry)
     grpc_proxy = GrpcProxy(router, interceptors) if grpc_port >= 0 else None
     server = DrainFirstServer(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
@@ -181,7 +186,8 @@ async def run_cluster(command: CommandFactory, replicas: int, proxy: ProxyConfig
                       console: Console | None = None, stop: asyncio.Event | None = None,
                       grpc_port: int = -1,
                       tracer_provider: TracerProvider | None = None,
-                      gateway: GatewaySetup | None = None) -> LocalReplicaManager:
+                      gateway: GatewaySetup | None = None,
+                      canary_command: Callable[[RolloutSpec], CommandFactory] | None = None) -> LocalReplicaManager:
     """`run_fleet` with local replica processes."""
     manager_cfg = dataclasses.replace(manager_cfg, grpc=grpc_port >= 0)
     managers: list[LocalReplicaManager] = []
@@ -190,8 +196,15 @@ async def run_cluster(command: CommandFactory, replicas: int, proxy: ProxyConfig
         managers.append(LocalReplicaManager(command, manager_cfg, on_change=on_change))
         return managers[0]
 
+    def make_canary(spec: RolloutSpec, on_change: Callable[[tuple[Upstream, ...]], None]) -> ReplicaFleet:
+        if canary_command is None:
+            raise RolloutError("no command for new-version replicas")
+        cfg = dataclasses.replace(manager_cfg, id_prefix=f"{manager_cfg.id_prefix}-v{spec.version}")
+        return LocalReplicaManager(canary_command(spec), cfg, on_change=on_change)
+
     await run_fleet(make, replicas, proxy, host, port, autoscale, console, stop, grpc_port,
-                    tracer_provider=tracer_provider, gateway=gateway)
+                    tracer_provider=tracer_provider, gateway=gateway,
+                    make_canary=make_canary if canary_command is not None else None)
     return managers[0]
 
 
@@ -319,9 +332,14 @@ def route(
     if backend == "local":
         manager_cfg = ReplicaManagerConfig(host="127.0.0.1", capacity=replica_capacity,
                                            drain_timeout_s=drain_timeout_s + 5.0)
+        def canary_command(spec: RolloutSpec) -> CommandFactory:
+            pinned = pinned_repository(model_repository.resolve(), spec.model, spec.version,
+                                       Path(tempfile.mkdtemp(prefix=f"headroom-{spec.model}-v{spec.version}-")))
+            return serve_command(pinned, model, drain_timeout_s)
+
         asyncio.run(run_cluster(serve_command(model_repository, model, drain_timeout_s), replicas, proxy,
                                 manager_cfg, host, port, scaler, grpc_port=grpc_port, tracer_provider=tracer,
-                                gateway=gateway))
+                                gateway=gateway, canary_command=canary_command))
         return
     try:
         with err.status("connecting to Ray..." if ray_address else "starting a local Ray cluster..."):
@@ -330,8 +348,15 @@ def route(
         raise _fail(err, str(exc), code=1) from None
     command = ray_serve_command(model_repository.resolve(), model, drain_timeout_s)
     try:
+        def ray_canary(spec: RolloutSpec, on_change: Callable[[tuple[Upstream, ...]], None]) -> ReplicaFleet:
+            # the pinned repository links the original: on a multi-node cluster both paths must exist everywhere
+            pinned = pinned_repository(model_repository.resolve(), spec.model, spec.version,
+                                       Path(tempfile.mkdtemp(prefix=f"headroom-{spec.model}-v{spec.version}-")))
+            cfg = dataclasses.replace(ray_cfg, id_prefix=f"{ray_cfg.id_prefix}-v{spec.version}")
+            return RayReplicaManager(ray_serve_command(pinned, model, drain_timeout_s), cfg, on_change)
+
         asyncio.run(run_fleet(lambda on_change: RayReplicaManager(command, ray_cfg, on_change), replicas, proxy,
                               host, port, scaler, console=err, grpc_port=grpc_port, tracer_provider=tracer,
-                                gateway=gateway))
+                              gateway=gateway, make_canary=ray_canary))
     finally:
         shutdown_ray()

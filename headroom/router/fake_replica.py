@@ -170,8 +170,11 @@ def main() -> None:
     p.add_argument("--delay-ms", type=float, default=5.0)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--ready-after-s", type=float, default=0.0)
+    p.add_argument("--fail-status", type=int, default=0, help="answer every inference with this status (a bad "
+                   "version in rollout tests)")
     a = p.parse_args()
-    b = ReplicaBehaviour(name=a.name, delay_ms=a.delay_ms, concurrency=a.concurrency, ready=a.ready_after_s <= 0)
+    b = ReplicaBehaviour(name=a.name, delay_ms=a.delay_ms, concurrency=a.concurrency, ready=a.ready_after_s <= 0,
+                         fail_status=a.fail_status)
 
     async def run() -> None:
         server = DrainingServer(uvicorn.Config(make_app(b), host="127.0.0.1", port=a.port, log_level="warning",
