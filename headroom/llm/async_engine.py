@@ -32,6 +32,7 @@ class _Add:
     prompt_token_ids: tuple[int, ...]  # prompt
     params: SamplingParams  # sampling
     priority: int  # lower = sooner
+    cache_key: str  # prefix-cache isolation key ("" = shared)
     stream: asyncio.Queue[SequenceOutput | BaseException]  # where outputs go
     admitted: asyncio.Future[None]  # resolved (or failed) once admission is decided
     loop: asyncio.AbstractEventLoop  # the loop owning stream and admitted
@@ -85,6 +86,7 @@ class AsyncLLMEngine:
         prompt_token_ids: Sequence[int],
         params: SamplingParams,
         priority: int = 0,
+        cache_key: str = "",
     ) -> AsyncIterator[SequenceOutput]:
         """Admit (raising InvalidRequest / RateLimited / NotReady) and return the output stream."""
         if not self.healthy:
@@ -92,7 +94,8 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         stream: asyncio.Queue[SequenceOutput | BaseException] = asyncio.Queue()
         admitted: asyncio.Future[None] = loop.create_future()
-        self._commands.put(_Add(request_id, tuple(prompt_token_ids), params, priority, stream, admitted, loop))
+        self._commands.put(_Add(request_id, tuple(prompt_token_ids), params, priority, cache_key, stream, admitted,
+                                loop))
         try:
             await admitted
         except asyncio.CancelledError:
@@ -111,7 +114,7 @@ class AsyncLLMEngine:
             self._streams.pop(cmd.request_id, None)
             return
         try:
-            self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, cmd.priority)
+            self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, cmd.priority, cmd.cache_key)
         except Exception as exc:  # admission errors go back to the caller
             cmd.loop.call_soon_threadsafe(_set_exception, cmd.admitted, exc)
             return

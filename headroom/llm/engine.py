@@ -108,9 +108,12 @@ class LLMEngine:
 
     # --- admission --------------------------------------------------------------------------------------
     def add_request(
-        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, priority: int = 0
+        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, priority: int = 0,
+        cache_key: str = "",
     ) -> list[str]:
-        """Queue a request (n sequences); raises InvalidRequest (400) or RateLimited (429)."""
+        """Queue a request (n sequences); raises InvalidRequest (400) or RateLimited (429).
+
+        `cache_key` isolates its prefix-cache blocks: it only reuses blocks cached under the same key."""
         try:
             params.validate()
         except ValueError as exc:
@@ -153,6 +156,7 @@ class LLMEngine:
                 parent_id=request_id,
                 index=i,
                 leader_id=ids[0] if ids else "",
+                cache_key=cache_key,
                 generator=gen,
             )
             if self.tokenizer is not None:
@@ -248,7 +252,7 @@ class LLMEngine:
         for s in decision.seqs:
             req = reqs[s.request_id]
             if req.request_id not in emitted:
-                self.kv.cache_full_blocks(req.request_id, req.token_ids, req.num_computed_tokens)
+                self.kv.cache_full_blocks(req.request_id, req.token_ids, req.num_computed_tokens, req.cache_key)
                 continue
             delta = ""
             n_new = 0
@@ -268,7 +272,8 @@ class LLMEngine:
                 if req.finished:
                     break
             generated += n_new
-            self.kv.cache_full_blocks(req.request_id, req.token_ids, min(req.num_computed_tokens, len(req.token_ids)))
+            computed = min(req.num_computed_tokens, len(req.token_ids))
+            self.kv.cache_full_blocks(req.request_id, req.token_ids, computed, req.cache_key)
             if req.finished:
                 self._retire(req, now)
             outs.append(self._output(req, n_new, delta, now))

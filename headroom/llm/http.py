@@ -4,7 +4,8 @@ The server mounts these next to its own `/v1/models` (fed by `OpenAIServing.mode
 A client that disconnects mid-stream ends the response; the response then closes the SSE generator at once
 (not whenever it is garbage-collected), whose cleanup aborts the request, which frees its KV blocks before
 the engine's next step. Each admitted generation's `LLMUsage` lands in `request.state` (see
-`headroom.gateway.usage`) before the route returns, where the gateway refunds unused LLM tokens.
+`headroom.gateway.usage`) before the route returns, where the gateway refunds unused LLM tokens. The
+gateway's authenticated tenant (`request.state`) scopes the prefix cache.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _to_response(result: ServingResponse) -> Response:
 
 
 def _endpoint(
-    call: Callable[[object, UsageCallback], Awaitable[ServingResponse]],
+    call: Callable[[object, UsageCallback, str], Awaitable[ServingResponse]],
 ) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         try:
@@ -56,7 +57,7 @@ def _endpoint(
         def on_usage(usage: LLMUsage) -> None:
             report_usage(state, usage)
 
-        return _to_response(await call(body, on_usage))
+        return _to_response(await call(body, on_usage, str(state.get("tenant", ""))))
 
     return endpoint
 

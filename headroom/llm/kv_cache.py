@@ -5,6 +5,11 @@ Automatic prefix caching: a *full* block gets a chained hash `hash((parent_hash,
 sequence reuses the longest run of cached blocks matching its prompt (tokens verified on every hit).
 A freed block with a hash stays cached in the free pool; allocation takes blocks from the free pool's
 least-recently-used end, evicting their hash. Freed blocks without a hash go to that end first.
+
+Isolation: every lookup and registration carries a `cache_key` (the tenant and the request's `cache_salt`,
+"" when neither applies). It is mixed into the first block's hash, so the whole chain differs per key, and it
+is stored with each cached block and checked on every hit, so a hash collision cannot cross keys either:
+a sequence only ever reuses blocks computed for its own key.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ class Block:
     ref_count: int = 0  # sequences whose block table holds it
     block_hash: int | None = None  # chained content hash when cached
     token_ids: tuple[int, ...] = ()  # the tokens it holds when cached (verified on a hit)
+    cache_key: str = ""  # the isolation key it was cached under (verified on a hit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +56,11 @@ class KVCacheStats:
 def chain_hash(parent: int | None, token_ids: Sequence[int]) -> int:
     """The content hash of a full block given its parent's hash."""
     return hash((parent, tuple(token_ids)))
+
+
+def root_hash(cache_key: str) -> int | None:
+    """The parent hash of a sequence's first block: None for the shared key "", else derived from the key."""
+    return hash(("cache_key", cache_key)) if cache_key else None
 
 
 class KVCacheManager:
@@ -90,18 +101,19 @@ class KVCacheManager:
         return self._blocks[block_id].ref_count
 
     # --- prefix cache -----------------------------------------------------------------------------------
-    def find_prefix(self, token_ids: Sequence[int]) -> PrefixHit:
-        """Longest run of cached full blocks matching `token_ids`; at least one token is left to compute."""
+    def find_prefix(self, token_ids: Sequence[int], cache_key: str = "") -> PrefixHit:
+        """Longest run of full blocks cached under `cache_key` matching `token_ids`; at least one token is
+        left to compute."""
         if not self.enable_prefix_caching:
             return PrefixHit((), 0)
         bs = self.block_size
         ids: list[int] = []
-        parent: int | None = None
+        parent = root_hash(cache_key)
         for i in range((len(token_ids) - 1) // bs):
             chunk = tuple(token_ids[i * bs : (i + 1) * bs])
             h = chain_hash(parent, chunk)
             bid = self._cached.get(h)
-            if bid is None or self._blocks[bid].token_ids != chunk:
+            if bid is None or self._blocks[bid].token_ids != chunk or self._blocks[bid].cache_key != cache_key:
                 break
             ids.append(bid)
             parent = h
@@ -113,8 +125,9 @@ class KVCacheManager:
             self._queries += num_query_tokens
             self._hits += hit.num_tokens
 
-    def cache_full_blocks(self, seq_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
-        """Register the sequence's newly full, computed blocks in the prefix cache."""
+    def cache_full_blocks(self, seq_id: str, token_ids: Sequence[int], num_computed_tokens: int,
+                          cache_key: str = "") -> None:
+        """Register the sequence's newly full, computed blocks in the prefix cache under `cache_key`."""
         if not self.enable_prefix_caching or seq_id not in self._tables:
             return
         table = self._tables[seq_id]
@@ -122,11 +135,11 @@ class KVCacheManager:
         bs = self.block_size
         for i in range(len(hashes), min(num_computed_tokens // bs, len(table))):
             chunk = tuple(token_ids[i * bs : (i + 1) * bs])
-            h = chain_hash(hashes[-1] if hashes else None, chunk)
+            h = chain_hash(hashes[-1] if hashes else root_hash(cache_key), chunk)
             hashes.append(h)
             block = self._blocks[table[i]]
             if block.block_hash is None and h not in self._cached:
-                block.block_hash, block.token_ids = h, chunk
+                block.block_hash, block.token_ids, block.cache_key = h, chunk, cache_key
                 self._cached[h] = block.block_id
 
     # --- allocation -------------------------------------------------------------------------------------
@@ -156,7 +169,7 @@ class KVCacheManager:
             block = self._blocks[bid]
             if block.block_hash is not None:
                 self._cached.pop(block.block_hash, None)
-                block.block_hash, block.token_ids = None, ()
+                block.block_hash, block.token_ids, block.cache_key = None, (), ""
             block.ref_count = 1
             table.append(bid)
         return True
@@ -179,4 +192,4 @@ class KVCacheManager:
             block = self._blocks[bid]
             if block.block_hash is not None:
                 self._cached.pop(block.block_hash, None)
-                block.block_hash, block.token_ids = None, ()
+                block.block_hash, block.token_ids, block.cache_key = None, (), ""

@@ -39,6 +39,8 @@ class BaseRequest(BaseModel):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     priority: int = 0
+    # vLLM's prefix-cache salt: cached prompt blocks are shared only among requests with the same salt
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
 
 
 class Message(BaseModel):

@@ -88,6 +88,7 @@ class Request:
     parent_id: str = ""  # the user-visible request this sequence belongs to (n > 1)
     index: int = 0  # which of the n completions
     leader_id: str = ""  # sibling whose prompt prefill this one waits for (shares its blocks)
+    cache_key: str = ""  # prefix-cache isolation key (tenant + cache_salt); "" = the shared cache
     token_ids: list[int] = field(default_factory=list)  # prompt + output so far
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission

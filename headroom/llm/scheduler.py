@@ -219,7 +219,8 @@ class Scheduler:
             if self._leader_pending(req):
                 j += 1
                 continue
-            hit = self.kv.find_prefix(req.token_ids) if req.num_computed_tokens == 0 else PrefixHit((), 0)
+            fresh = req.num_computed_tokens == 0
+            hit = self.kv.find_prefix(req.token_ids, req.cache_key) if fresh else PrefixHit((), 0)
             done = max(hit.num_tokens, req.num_computed_tokens)  # a swapped-out sequence keeps its progress
             remaining = len(req.token_ids) - done
             if not self.limits.enable_chunked_prefill and remaining > budget and out:

@@ -11,6 +11,9 @@ Every generation that got past admission reports one `LLMUsage` (tokens and the 
 decode times) to the caller's `on_usage` when it ends, however it ends (finished, aborted because the client
 left, past its deadline, failed). The gateway refunds unused LLM tokens from it and records spans. Non-streamed
 responses also carry the times as `Server-Timing: preprocess, queue, prefill, decode, total` (milliseconds).
+
+Prefix-cache isolation: a request reuses cached prompt blocks only from requests of the same `tenant` (the
+gateway's authenticated tenant, passed by the transport) with the same `cache_salt` (vLLM's field).
 """
 
 from __future__ import annotations
@@ -65,8 +68,11 @@ class OpenAIServing:
         return [card]
 
     # --- entry points -----------------------------------------------------------------------------------
-    async def create_chat_completion(self, body: Any, on_usage: UsageCallback | None = None) -> ServingResponse:
-        """`on_usage` gets one `LLMUsage` when a generation that was admitted ends (never for refusals)."""
+    async def create_chat_completion(
+        self, body: Any, on_usage: UsageCallback | None = None, tenant: str = ""
+    ) -> ServingResponse:
+        """`on_usage` gets one `LLMUsage` when a generation that was admitted ends (never for refusals);
+        `tenant` scopes the prefix cache."""
         started_s = time.monotonic()
         try:
             req = ChatRequest.model_validate(body)
@@ -76,12 +82,15 @@ class OpenAIServing:
             max_tokens = req.max_completion_tokens or req.max_tokens
             top = req.top_logprobs if req.logprobs else None
             params = self._params(req, prompt_ids, max_tokens, (top or 0) if req.logprobs else None)
-            return await self._run("chat", req, prompt_ids, params, _Tally(started_s, len(prompt_ids), on_usage))
+            tally = _Tally(started_s, len(prompt_ids), on_usage)
+            return await self._run("chat", req, prompt_ids, params, tally, tenant)
         except (ValidationError, HeadroomError) as exc:
             return from_exception(exc)
 
-    async def create_completion(self, body: Any, on_usage: UsageCallback | None = None) -> ServingResponse:
-        """`on_usage` gets one `LLMUsage` when a generation that was admitted ends (never for refusals)."""
+    async def create_completion(
+        self, body: Any, on_usage: UsageCallback | None = None, tenant: str = ""
+    ) -> ServingResponse:
+        """As `create_chat_completion`, for a plain prompt."""
         started_s = time.monotonic()
         try:
             req = CompletionRequest.model_validate(body)
@@ -100,7 +109,8 @@ class OpenAIServing:
             if req.echo:
                 raise InvalidRequest("echo: not supported; resend without echo")
             params = self._params(req, prompt_ids, req.max_tokens, req.logprobs)
-            return await self._run("text", req, prompt_ids, params, _Tally(started_s, len(prompt_ids), on_usage))
+            tally = _Tally(started_s, len(prompt_ids), on_usage)
+            return await self._run("text", req, prompt_ids, params, tally, tenant)
         except (ValidationError, HeadroomError) as exc:
             return from_exception(exc)
 
@@ -151,7 +161,8 @@ class OpenAIServing:
         return params
 
     async def _run(
-        self, kind: str, req: BaseRequest, prompt_ids: list[int], params: SamplingParams, tally: _Tally
+        self, kind: str, req: BaseRequest, prompt_ids: list[int], params: SamplingParams, tally: _Tally,
+        tenant: str = "",
     ) -> ServingResponse:
         engine = self.engine
         if engine is None:
@@ -159,8 +170,10 @@ class OpenAIServing:
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         rid = f"{prefix}-{uuid.uuid4().hex}"
         tally.n, tally.submitted_s = params.n, time.monotonic()
+        cache_key = prefix_cache_key(tenant, req.cache_salt)
         outputs = _with_deadline(
-            await engine.generate(rid, prompt_ids, params, priority=req.priority), self.request_timeout_s
+            await engine.generate(rid, prompt_ids, params, priority=req.priority, cache_key=cache_key),
+            self.request_timeout_s,
         )
         created = int(time.time())
         if req.stream:
@@ -268,6 +281,13 @@ class OpenAIServing:
         finally:  # also when the client left (the response closes this generator) or the task was cancelled
             tally.report(failed)
         yield "data: [DONE]\n\n"
+
+
+def prefix_cache_key(tenant: str, cache_salt: str | None) -> str:
+    """The engine's prefix-cache isolation key ("" = the shared cache, when there is neither).
+
+    Tenant names cannot contain a newline, so no (tenant, salt) pair can spell another's key."""
+    return f"{tenant}\n{cache_salt or ''}" if tenant or cache_salt else ""
 
 
 async def _with_deadline(outputs: AsyncIterator[SequenceOutput], timeout_s: float) -> AsyncIterator[SequenceOutput]:

@@ -26,6 +26,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from headroom.router.upstream import DRAINING_HEADER
+
 
 @dataclass
 class ReplicaBehaviour:
@@ -62,8 +64,8 @@ def make_app(b: ReplicaBehaviour) -> Starlette:
 
     async def infer(request: Request) -> Response:
         body = await request.body()
-        if b.draining:
-            return JSONResponse({"error": "draining", "reason": "not_ready"}, 503)
+        if b.draining:  # as a headroom server does: the header says the request never started here
+            return JSONResponse({"error": "draining", "reason": "not_ready"}, 503, {DRAINING_HEADER: "1"})
         if b.fail_status:
             return JSONResponse({"error": "boom", "reason": "internal"}, b.fail_status)
         b.inflight += 1
@@ -89,6 +91,9 @@ def make_app(b: ReplicaBehaviour) -> Starlette:
 
     async def completions(request: Request) -> Response:
         doc = orjson.loads(await request.body())
+        if b.draining:
+            return JSONResponse({"error": {"message": "draining", "type": "server_error"}}, 503,
+                                {DRAINING_HEADER: "1"})
         n = int(doc.get("max_tokens", 5))
 
         async def events() -> AsyncIterator[bytes]:

@@ -2,9 +2,11 @@
 
 Every RPC of the service descriptor is forwarded without decoding: unary calls go to a replica chosen by the
 same `Router` (policy, health, shedding, peak-EWMA bookkeeping) as HTTP; the bidirectional
-`ModelStreamInfer` stream is pinned to one replica for its lifetime. A connection failure before the call
-reached a replica is retried on another one under the router's retry budget; every other status passes
-through unchanged. Shedding answers UNAVAILABLE with `retry-after` trailing metadata (seconds).
+`ModelStreamInfer` stream is pinned to one replica for its lifetime. Under the router's retry budget a call
+is retried on another replica when it never started there (connection refused, or UNAVAILABLE with trailing
+metadata `x-headroom-draining: 1`) and, for idempotent methods (ModelInfer and the read-only ones), when the
+connection was reset or closed before the answer; every other status passes through unchanged. Shedding
+answers UNAVAILABLE with `retry-after` trailing metadata (seconds).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import grpc.aio
 from headroom.protocol.generated import headroom_inference_pb2 as pb
 from headroom.router import tail
 from headroom.router.proxy import Router
-from headroom.router.upstream import ReplicaRuntime
+from headroom.router.upstream import DRAINING_HEADER, ReplicaRuntime
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 _NOT_FORWARDED = frozenset({"grpc-timeout", "content-type", "user-agent", "te"})
@@ -30,10 +32,26 @@ _FAILURES = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.S
                        grpc.StatusCode.DATA_LOSS})
 
 
-def _never_started(err: grpc.aio.AioRpcError) -> bool:
-    """The channel could not reach the replica at all (so the call never ran there)."""
+#: Unary methods that change server state; the rest may be resent after a lost connection.
+_NOT_REPLAYABLE = frozenset({"RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryRegister",
+                             "SystemSharedMemoryUnregister", "CudaSharedMemoryRegister",
+                             "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings"})
+#: How gRPC describes a connection closed under a call (the replica died or closed a pooled channel).
+_LOST = ("reset", "socket closed", "broken pipe", "goaway", "cancelling all calls", "connection closed",
+         "stream removed", "eof")
+
+
+def _outcome(err: grpc.aio.AioRpcError) -> str:
+    """The router's name for a failed call: never started, lost before an answer, or the replica's status."""
+    if err.code() != grpc.StatusCode.UNAVAILABLE:
+        return "answered"
+    trailing = {k: v for k, v in (err.trailing_metadata() or ())}
+    if trailing.get(DRAINING_HEADER) == "1":
+        return "draining"
     details = (err.details() or "").lower()
-    return err.code() == grpc.StatusCode.UNAVAILABLE and ("connect" in details or "refused" in details)
+    if "connect" in details or "refused" in details:
+        return "connect_error"
+    return "connection_lost" if any(word in details for word in _LOST) else "answered"
 
 
 class GrpcProxy:
@@ -71,7 +89,7 @@ class GrpcProxy:
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"all replicas are {d.utilisation:.0%} busy; shedding, retry later")
 
-    def _unary(self, path: str) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+    def _unary(self, path: str, replayable: bool) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
         async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             await self._admit(context)
             router, tried = self.router, set[str]()
@@ -95,8 +113,12 @@ class GrpcProxy:
                                                timeout=context.time_remaining())
                 except grpc.aio.AioRpcError as err:
                     rt.outstanding -= 1
-                    router.observe(rt, err.code() in _FAILURES or _never_started(err), time.monotonic() - t0)
-                    if _never_started(err):
+                    outcome = _outcome(err)
+                    router.observe(rt, err.code() in _FAILURES or outcome in ("connect_error", "connection_lost"),
+                                   time.monotonic() - t0)
+                    if outcome in ("connect_error", "draining"):
+                        router.mark_unready(rt.upstream.replica_id)
+                    if tail.retryable(outcome, replayable):
                         continue
                     await context.abort(err.code(), err.details() or "")
                 rt.outstanding -= 1
@@ -152,7 +174,8 @@ class GrpcProxy:
             if method.client_streaming or method.server_streaming:
                 handlers[method.name] = grpc.stream_stream_rpc_method_handler(self._stream(path))
             else:
-                handlers[method.name] = grpc.unary_unary_rpc_method_handler(self._unary(path))
+                handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                    self._unary(path, method.name not in _NOT_REPLAYABLE))
         return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
     async def start(self, host: str, port: int) -> int:

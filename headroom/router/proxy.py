@@ -3,11 +3,14 @@
 Per request: coordinated shedding (503 + Retry-After without touching a replica) -> optional adaptive
 concurrency limit -> `choose` a replica -> send over a pooled keep-alive `httpx.AsyncClient` -> optionally
 hedge to a second replica after the p95 of recent latency (budgeted, the loser is cancelled) -> retry
-never-started attempts elsewhere under the retry budget -> pass the answer through (small bodies buffered,
-SSE and large bodies streamed). A background task checks `GET /v2/health/ready` on every replica; results
-and every finished attempt feed `headroom.router.health`. `GET /router/stats` reports counters as JSON;
-`GET /metrics` is the router's own Prometheus page and `GET /metrics/replicas` Prometheus service discovery of
-every replica (`headroom.router.metrics`).
+elsewhere, under the retry budget, attempts that never started (connection refused, a replica not ready or
+answering 503 `x-headroom-draining: 1`) and, on idempotent routes (V2 inference, embeddings, LLM generation),
+attempts whose connection was lost before any answer byte reached the client -> pass the answer through
+(small bodies buffered, SSE and large bodies streamed once their first chunk arrived). A background task
+checks `GET /v2/health/ready` on every replica; results and every finished attempt feed
+`headroom.router.health`. `GET /router/stats` reports counters as JSON; `GET /metrics` is the router's own
+Prometheus page and `GET /metrics/replicas` Prometheus service discovery of every replica
+(`headroom.router.metrics`).
 
 W3C `traceparent`/`tracestate` go to the replica as the client sent them. With a `tracer_provider`, the
 router records its own SERVER span (`router`, a child of the client's traceparent) and sends the replica
@@ -181,6 +184,8 @@ class Router:
                                               self.clock.now_s(), self.config.health)
         if event is not None:
             log.warning("event=%s replica=%s until_s=%.1f", event.kind, event.replica_id, event.until_s)
+        if attempt.outcome in ("connect_error", "draining"):
+            self.mark_unready(attempt.replica.upstream.replica_id)
         if attempt.outcome == "ok":
             self.latencies = self.latencies.add(latency_s)
         if self.canary is not None and attempt.arm and not tail.retryable(attempt.outcome):
@@ -214,6 +219,12 @@ class Router:
     def pick(self, key: str | None = None, exclude: Collection[str] = ()) -> ReplicaRuntime | None:
         """Choose a replica with the configured policy; None when no replica is routable."""
         return self._pick(key, set(exclude), self._arm())
+
+    def mark_unready(self, replica_id: str) -> None:
+        """The replica refused a connection or is draining: no new traffic there until a check passes."""
+        event, self.health = hp.record_check(self.health, replica_id, False, self.clock.now_s(), self.config.health)
+        if event is not None:
+            log.info("event=not_ready replica=%s reason=refused_or_draining", replica_id)
 
     def admit(self) -> tail.ShedDecision:
         """The shedding decision for one new request (always admits when shedding is off)."""
@@ -392,7 +403,8 @@ class Router:
         headers = tuple((k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP)
         if traceparent is not None:  # the router's span becomes the replica's parent (tracestate passes as is)
             headers = (*((k, v) for k, v in headers if k.lower() != "traceparent"), ("traceparent", traceparent))
-        return Outgoing(request.method, path + query, headers, body, degraded_to)
+        return Outgoing(request.method, path + query, headers, body, degraded_to,
+                        tail.replayable(request.method, path))
 
     async def _attempts(self, out: Outgoing, key: str | None) -> Attempt:
         tried: set[str] = set()
@@ -411,7 +423,7 @@ class Router:
                 self.counters["retries"] += 1
             tried.add(rt.upstream.replica_id)
             last = await self._race(Attempt(rt, self.clock, arm=arm), out, key, tried)
-            if not tail.retryable(last.outcome):
+            if not tail.retryable(last.outcome, out.replayable):
                 return last
             await self._drop(last)
         if last is None:
@@ -445,7 +457,9 @@ class Router:
 
         async def stream() -> AsyncIterator[bytes]:
             try:
-                async for chunk in resp.aiter_raw():
+                if a.first_chunk:
+                    yield a.first_chunk
+                async for chunk in a.rest if a.rest is not None else resp.aiter_raw():
                     yield chunk
             except httpx.TransportError:
                 a.outcome = "connection_lost"  # the replica broke the stream: counts against it

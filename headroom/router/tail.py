@@ -4,8 +4,9 @@
   waited longer than the `hedge_percentile` (p95) of recent latencies; the first answer wins and the loser is
   cancelled. A token bucket keeps hedges <= `budget_fraction` (5%) of requests: every request deposits
   `budget_fraction` of a token, every hedge spends one.
-* Retry budget (Finagle `RetryBudget` / Envoy `retry_budget`, 20%): only requests that never started on a
-  replica (connection refused, replica not ready) are retried, each retry spends a token, every request
+* Retry budget (Finagle `RetryBudget` / Envoy `retry_budget`, 20%): requests that never started on a
+  replica (connection refused, replica not ready or draining) are retried, and so are idempotent ones whose
+  connection was reset before any answer reached the client; each retry spends a token, every request
   deposits `budget_fraction` (0.2) tokens, and a small floor of `min_retries_per_s` refills with time so a
   quiet router can still retry. Overload never turns into a retry storm: retries <= 20% of load + the floor.
 * Adaptive concurrency limit, Vegas style (Netflix concurrency-limits `VegasLimit`): queue estimate
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -126,17 +128,33 @@ def hedge_delay_s(window: LatencyWindow, cfg: HedgeConfig) -> float | None:
 
 # ---------------------------------------------------------------------------------------------- retrying
 
-#: Upstream outcomes that prove the request never started on that replica.
-NEVER_STARTED = frozenset({"connect_error", "not_ready"})
+#: Upstream outcomes that prove the request never started on that replica: connection refused, the replica
+#: answered 503 not_ready (loading), or 503 with `x-headroom-draining: 1` (it is shutting down).
+NEVER_STARTED = frozenset({"connect_error", "not_ready", "draining"})
+#: The connection was reset or closed before the response reached the client (a replica killed mid-request,
+#: a pooled keep-alive connection the replica had closed). The request may have run on that replica.
+LOST_BEFORE_RESPONSE = "connection_lost"
+#: Routes whose requests may run twice without harm: V2 tensor inference, embeddings, and the LLM routes
+#: (generation is retried only while no byte of the answer has reached the client).
+_REPLAYABLE_POST = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$|^/v1/(embeddings|completions|"
+                              r"chat/completions)$")
 
 
-def retryable(outcome: str) -> bool:
-    """Only never-started requests are retried (connection refused / replica answered 503 not_ready).
+def replayable(method: str, path: str) -> bool:
+    """Whether a request on this route may be sent again after it may have started on a replica."""
+    if method in ("GET", "HEAD", "OPTIONS"):
+        return True
+    return method == "POST" and _REPLAYABLE_POST.match(path) is not None
 
-    A 503 "overloaded" is not retried (Google SRE ch. 21: "overloaded; don't retry"), nor is anything that
-    may have run (timeouts, a connection lost mid-request, 5xx).
+
+def retryable(outcome: str, replayable_request: bool = False) -> bool:
+    """Never-started requests are always retried; one whose connection was lost before any byte of the
+    answer reached the client is retried when its route is replayable (see `replayable`).
+
+    A 503 "overloaded" is not retried (Google SRE ch. 21: "overloaded; don't retry"), nor are timeouts or
+    5xx answers (the replica ran it and said so), nor anything non-idempotent that may have run.
     """
-    return outcome in NEVER_STARTED
+    return outcome in NEVER_STARTED or (replayable_request and outcome == LOST_BEFORE_RESPONSE)
 
 
 # ----------------------------------------------------------------------------------- adaptive concurrency

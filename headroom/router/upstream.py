@@ -2,12 +2,16 @@
 
 `ReplicaRuntime` keeps what the policies need (outstanding requests, peak-EWMA latency) and turns it into a
 `ReplicaSnapshot`. `Attempt` is one request sent to one replica: it classifies the outcome the way the tail
-policies expect ("ok", "connect_error", "not_ready", "overloaded", "timeout", "connection_lost", "http_5xx")
-and, via `finish`, releases the replica's outstanding slot exactly once.
+policies expect ("ok", "connect_error", "not_ready", "draining", "overloaded", "timeout", "connection_lost",
+"http_5xx") and, via `finish`, releases the replica's outstanding slot exactly once. Nothing of an answer
+reaches the client before `run` returns: small bodies are read whole, streamed ones up to their first chunk,
+so a connection lost inside `run` is one the router may still retry.
+
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
@@ -22,6 +26,8 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
 #: Responses up to this size are read whole before answering, so a replica dying mid-body is a clear 502;
 #: larger or unsized (chunked, SSE) bodies are streamed through.
 BUFFER_LIMIT_BYTES = 8 * 1024 * 1024
+#: A replica shutting down answers 503 with this header set to "1": the request never started there.
+DRAINING_HEADER = "x-headroom-draining"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +71,17 @@ def _reason(body: bytes) -> str:
     return str(parsed.get("reason", "")) if isinstance(parsed, dict) else ""
 
 
+def _classify(resp: httpx.Response, body: bytes | None) -> str:
+    """The outcome of an answered attempt. Draining is read from the header, whatever the body's shape."""
+    if resp.status_code == 503:
+        if resp.headers.get(DRAINING_HEADER, "").strip() == "1":
+            return "draining"
+        return "not_ready" if _reason(body or b"") == "not_ready" else "overloaded"
+    if resp.status_code >= 500:
+        return f"http_{resp.status_code}"
+    return "ok"
+
+
 class Attempt:
     """One request on one replica. `outcome` is set once `run` returns."""
 
@@ -77,6 +94,8 @@ class Attempt:
         self.outcome = "pending"
         self.response: httpx.Response | None = None
         self.body: bytes | None = None  # the whole body when it was buffered
+        self.first_chunk = b""  # a streamed body's first chunk, read before the answer is committed
+        self.rest: AsyncIterator[bytes] | None = None  # the rest of a streamed body
         self._finished = False
         self.recorded = False  # its outcome was folded into health (the proxy does it once)
         replica.outstanding += 1
@@ -100,6 +119,9 @@ class Attempt:
             size = int(resp.headers.get("content-length", "-1"))
             if resp.status_code == 503 or 0 <= size <= BUFFER_LIMIT_BYTES:
                 self.body = await resp.aread()
+            else:
+                self.rest = resp.aiter_raw()
+                self.first_chunk = await anext(self.rest, b"")
         except httpx.TimeoutException:
             self.outcome = "timeout"
             await resp.aclose()
@@ -108,12 +130,7 @@ class Attempt:
             self.outcome = "connection_lost"
             await resp.aclose()
             return self
-        if resp.status_code == 503:
-            self.outcome = "not_ready" if _reason(self.body or b"") == "not_ready" else "overloaded"
-        elif resp.status_code >= 500:
-            self.outcome = f"http_{resp.status_code}"
-        else:
-            self.outcome = "ok"
+        self.outcome = _classify(resp, self.body)
         return self
 
     @property

@@ -28,6 +28,7 @@ class Outgoing:
     headers: tuple[tuple[str, str], ...]  # end-to-end request headers
     body: bytes  # the request body (possibly rewritten for a fallback model)
     degraded_to: str = ""  # the fallback model serving this request, "" if none
+    replayable: bool = False  # idempotent route: may be resent after a connection lost before any answer
 
 
 async def disconnected(request: Request) -> None:

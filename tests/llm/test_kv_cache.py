@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from headroom.llm.kv_cache import KVCacheManager
+from headroom.llm.kv_cache import KVCacheManager, chain_hash, root_hash
 
 
 def test_allocate_and_free_returns_every_block() -> None:
@@ -76,3 +76,30 @@ def test_disabled_prefix_cache_never_hits() -> None:
 def test_empty_pool_is_a_config_error() -> None:
     with pytest.raises(ValueError, match="kv_cache_memory_mb"):
         KVCacheManager(num_blocks=0, block_size_tokens=16)
+
+
+def test_blocks_are_reused_only_under_the_key_they_were_cached_with() -> None:
+    kv = KVCacheManager(num_blocks=8, block_size_tokens=2)
+    tokens = [1, 2, 3, 4, 5]
+    assert kv.allocate("a", len(tokens), kv.find_prefix(tokens, "tenant-a\n"))
+    kv.cache_full_blocks("a", tokens, len(tokens), "tenant-a\n")
+    assert kv.find_prefix(tokens, "tenant-a\n").num_tokens == 4
+    assert kv.find_prefix(tokens, "tenant-b\n").num_tokens == 0
+    assert kv.find_prefix(tokens).num_tokens == 0  # the shared cache ("") is another key too
+    assert kv.find_prefix(tokens, "tenant-a\nsalt").num_tokens == 0
+
+
+def test_a_hash_collision_cannot_cross_keys() -> None:
+    """Even if another key's chain produced the same hash, the stored key is checked on every hit."""
+    kv = KVCacheManager(num_blocks=8, block_size_tokens=2)
+    tokens = [1, 2, 3]
+    assert kv.allocate("a", len(tokens))
+    kv.cache_full_blocks("a", tokens, len(tokens), "k1")
+    (bid,) = kv.block_table("a")[:1]
+    kv._cached[root_hash_of("k2", tokens[:2])] = bid  # forge a colliding entry for key k2
+    assert kv.find_prefix(tokens, "k2").num_tokens == 0
+    assert kv.find_prefix(tokens, "k1").num_tokens == 2
+
+
+def root_hash_of(cache_key: str, first_block: list[int]) -> int:
+    return chain_hash(root_hash(cache_key), first_block)

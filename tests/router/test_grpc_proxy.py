@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import random
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 import grpc.aio
@@ -55,8 +55,9 @@ class EchoPlane:
 
 
 @contextlib.asynccontextmanager
-async def grpc_fleet(n: int) -> AsyncIterator[tuple[Router, list[tuple[EchoPlane, grpc.aio.Server]], str]]:
-    planes = [EchoPlane(f"r{i}") for i in range(n)]
+async def grpc_fleet(n: int, planes: Sequence[EchoPlane] = ()
+                     ) -> AsyncIterator[tuple[Router, list[tuple[EchoPlane, grpc.aio.Server]], str]]:
+    planes = list(planes) or [EchoPlane(f"r{i}") for i in range(n)]
     servers = [await bind_grpc_server(p, "127.0.0.1", 0) for p in planes]
     router = Router([Upstream(p.name, "http://127.0.0.1:1", grpc_target=f"127.0.0.1:{port}")
                      for p, (_, port) in zip(planes, servers, strict=True)],
@@ -130,3 +131,32 @@ async def test_stream_calls_are_relayed_with_the_replicas_status() -> None:
         assert "ModelStreamInfer" in (info.value.details() or "")
         await asyncio.sleep(0.05)
         assert all(rt.outstanding == 0 for rt in router.replicas.values())
+
+
+class StuckPlane(EchoPlane):
+    """Holds every inference until its server goes away; `holding` is set once one is held."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.holding = asyncio.Event()
+
+    async def infer(self, request: InferenceRequest,
+                    disconnected: DisconnectWatcher | None = None) -> InferenceResponse:
+        self.holding.set()
+        await asyncio.Event().wait()  # cancelled when the server stops
+        raise AssertionError("unreachable")
+
+
+async def test_a_modelinfer_whose_replica_dies_mid_call_is_retried_elsewhere() -> None:
+    stuck = StuckPlane("r0")
+    async with grpc_fleet(2, [stuck, EchoPlane("r1")]) as (router, planes, target), \
+            grpc.aio.insecure_channel(target) as ch:
+        call = asyncio.ensure_future(_infer(ch, 7))  # round robin: r0 first
+        await asyncio.wait_for(stuck.holding.wait(), 10.0)
+        await stop_grpc_server(planes[0][1], 0.0)  # the replica goes away with the call on it
+        answer = await asyncio.wait_for(call, 10.0)
+        assert answer.model_version == "r1" and answer.id == "q7"
+        assert router.counters["retries"] == 1
+        assert [(await _infer(ch, i)).model_version for i in range(2)] == ["r1", "r1"]
+        assert not any(s.ready for s in router.snapshots() if s.replica_id == "r0")  # refused: no calls there
+

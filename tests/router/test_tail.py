@@ -19,6 +19,7 @@ from headroom.router.tail import (
     budget_deposit,
     budget_withdraw,
     hedge_delay_s,
+    replayable,
     retryable,
     shed,
     vegas_initial,
@@ -69,9 +70,22 @@ def test_retry_floor_lets_a_quiet_router_retry() -> None:
 
 
 def test_only_never_started_requests_are_retryable() -> None:
-    assert retryable("connect_error") and retryable("not_ready")
+    assert retryable("connect_error") and retryable("not_ready") and retryable("draining")
     for outcome in ("overloaded", "timeout", "connection_lost", "http_500"):
         assert not retryable(outcome)
+
+
+def test_a_lost_connection_is_retried_only_on_replayable_routes() -> None:
+    assert retryable("connection_lost", replayable_request=True)
+    for outcome in ("overloaded", "timeout", "http_500", "http_502"):
+        assert not retryable(outcome, replayable_request=True)
+    for path in ("/v2/models/m/infer", "/v2/models/m/versions/2/infer", "/v1/embeddings", "/v1/completions",
+                 "/v1/chat/completions"):
+        assert replayable("POST", path), path
+    assert replayable("GET", "/v2/models/m")
+    for path in ("/v2/repository/models/m/load", "/v2/repository/models/m/unload", "/v2/models/m/infer/x",
+                 "/v1/chat/completions/extra"):
+        assert not replayable("POST", path), path
 
 
 def _vegas_converge(knee: int, cfg: VegasConfig, steps: int = 3000) -> float:
