@@ -252,6 +252,8 @@ def route(
     replica_capacity: int = typer.Option(8, help="Concurrent requests one replica serves within its SLO; the "
                                                  "router sheds (503 + Retry-After) as the fleet nears this."),
     hedging: bool = typer.Option(False, help="Send a budgeted backup request after the p95 latency."),
+    tied: bool = typer.Option(False, help="Tail at Scale's tied requests: a second copy ~2 ms later to another "
+                              "replica, the loser cancelled (budget: router.yaml's hedge_budget)."),
     shedding: bool = typer.Option(True, help="Coordinated load shedding at the router."),
     autoscale: bool = typer.Option(False, help="Scale replicas on utilisation (up > 75%, down < 25%)."),
     min_replicas: int = typer.Option(1, help="Autoscaling floor."),

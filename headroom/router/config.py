@@ -29,6 +29,11 @@ class ProxyConfig:
     hedging: bool = False  # send backup requests after the hedge delay
     hedge: tail.HedgeConfig = field(default_factory=tail.HedgeConfig)  # p95 delay
     hedge_budget: tail.BudgetConfig = tail.HEDGE_BUDGET  # hedges <= 5% of requests (Tail at Scale)
+    # Tail at Scale's tied requests: every request also goes to a second replica `tied_delay_s` later (under
+    # hedge_budget: raise its budget_fraction to tie them all); the first answer wins and the other is
+    # cancelled, which removes it from that replica's queue (headroom drops a queued request whose client left)
+    tied: bool = False
+    tied_delay_s: float = 0.002  # Tail at Scale: a ~1-2 ms delay avoids most double work on idle replicas
     shedding: bool = True  # coordinated load shedding on aggregate load vs capacity
     shed: tail.ShedConfig = field(default_factory=tail.ShedConfig)  # ramp 80% -> 100%
     adaptive_concurrency: bool = False  # Vegas limit on requests in flight through the router
@@ -44,5 +49,9 @@ class ProxyConfig:
             raise ValueError(f"unknown routing policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if min(self.check_interval_s, self.check_timeout_s, self.connect_timeout_s, self.request_timeout_s) <= 0:
             raise ValueError("check_interval_s and every timeout must be > 0")
+        if self.tied and self.hedging:
+            raise ValueError("choose tied requests or hedging, not both (both send a second copy)")
+        if self.tied_delay_s < 0:
+            raise ValueError("tied_delay_s must be >= 0")
         if self.max_attempts < 1 or self.max_connections < 1 or self.max_body_bytes < 0:
             raise ValueError("max_attempts and max_connections must be >= 1, max_body_bytes >= 0")

@@ -42,6 +42,7 @@ class ReplicaBehaviour:
     stalls_completed: int = 0  # stalled inferences that ran to the end (nobody cancelled them)
     concurrency: int = 4  # inferences served at once; the rest queue
     fail_status: int = 0  # answer every inference with this status (0 = succeed)
+    fail_models: tuple[str, ...] = ()  # with fail_status: fail only inferences for these models (empty = all)
     ready: bool = True  # readiness endpoint answers 200 (False: loading)
     draining: bool = False  # readiness and inference answer 503 not_ready
     inflight: int = 0  # inferences admitted and unfinished
@@ -66,7 +67,7 @@ def make_app(b: ReplicaBehaviour) -> Starlette:
         body = await request.body()
         if b.draining:  # as a headroom server does: the header says the request never started here
             return JSONResponse({"error": "draining", "reason": "not_ready"}, 503, {DRAINING_HEADER: "1"})
-        if b.fail_status:
+        if b.fail_status and (not b.fail_models or request.path_params["name"] in b.fail_models):
             return JSONResponse({"error": "boom", "reason": "internal"}, b.fail_status)
         b.inflight += 1
         try:

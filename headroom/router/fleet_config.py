@@ -114,6 +114,7 @@ FLAG_KEYS: dict[str, tuple[str, str]] = {
     "model": ("fleet", "models"),
     "policy": ("router", "policy"),
     "hedging": ("router", "hedging"),
+    "tied": ("router", "tied"),
     "shedding": ("router", "shedding"),
     "min_replicas": ("autoscaler", "min_replicas"),
     "max_replicas": ("autoscaler", "max_replicas"),

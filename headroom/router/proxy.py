@@ -77,7 +77,8 @@ class Router:
                        if self.config.canary_version else None)
         self.counters = dict.fromkeys(("requests", "shed", "limited", "retries", "retries_denied", "hedges",
                                        "hedge_wins", "no_replica", "upstream_failed", "degraded",
-                                       "cancelled"), 0)
+                                       "degraded_on_error", "tied", "cancelled"), 0)
+        self.breaker = degrade.BreakerState()  # per primary model: failures in a row, ejections
         self._client: httpx.AsyncClient | None = None
         self._checker: asyncio.Task[None] | None = None
         self._wake_checker = asyncio.Event()
@@ -287,7 +288,8 @@ class Router:
     async def _hedged(self, first: Attempt, tasks: dict[asyncio.Task[Attempt], Attempt], out: Outgoing,
                       key: str | None, tried: set[str]) -> Attempt:
         (primary,) = tasks
-        delay = tail.hedge_delay_s(self.latencies, self.config.hedge) if self.config.hedging else None
+        c = self.config
+        delay = c.tied_delay_s if c.tied else tail.hedge_delay_s(self.latencies, c.hedge) if c.hedging else None
         if delay is None:
             return await primary
         done, _ = await asyncio.wait({primary}, timeout=delay)
@@ -300,7 +302,7 @@ class Router:
                                                          self.config.hedge_budget)
         if not allowed:
             return await primary
-        self.counters["hedges"] += 1
+        self.counters["tied" if c.tied else "hedges"] += 1
         tried.add(backup_rt.upstream.replica_id)
         second = Attempt(backup_rt, self.clock, hedge=True, arm=first.arm)
         tasks[asyncio.create_task(second.run(self._require_client(), self._build(backup_rt, out)))] = second
@@ -375,7 +377,7 @@ class Router:
         out = self._outgoing(request, body, d.utilisation, traceparent)
         self.inflight += 1
         inflight_at_start = self.inflight
-        work = asyncio.create_task(self._attempts(out, key))
+        work = asyncio.create_task(self._attempts_or_fallback(out, key))
         gone = asyncio.create_task(disconnected(request))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -385,16 +387,46 @@ class Router:
                     await work
                 self.counters["cancelled"] += 1
                 raise Cancelled("the client disconnected")
-            winner = work.result()
+            winner, out = work.result()
         finally:
             gone.cancel()
             self.inflight -= 1
         return self._respond(winner, inflight_at_start, out.degraded_to)
 
+    async def _attempts_or_fallback(self, out: Outgoing, key: str | None) -> tuple[Attempt, Outgoing]:
+        """The primary's attempts; when they fail and its model has a fallback, the fallback's, once (and the
+        primary's failures feed its breaker: enough in a row eject it, see `degrade`)."""
+        cfg = self.config.degrade
+        primary = degrade.model_of(out.path_and_query.partition("?")[0], out.body) if not out.degraded_to else ""
+        refused: NotReady | None = None
+        try:
+            first: Attempt | None = await self._attempts(out, key)
+        except NotReady as exc:  # no replica would take it
+            first, refused = None, exc
+        failed = first is None or degrade.primary_failed(first.outcome)
+        if primary and primary in cfg.fallbacks:
+            self.breaker, ejected = degrade.breaker_record(self.breaker, primary, failed, self.clock.now_s(), cfg)
+            if ejected:
+                log.warning("event=model_ejected model=%s fallback=%s ejection_s=%.0f", primary,
+                            cfg.fallbacks[primary], cfg.ejection_s)
+        fallback = degrade.fallback_outgoing(out, cfg.fallbacks) if failed and cfg.on_error else None
+        if fallback is None:
+            if first is None and refused is not None:
+                raise refused
+            if first is None:
+                raise NotReady("no replica is ready; retry later", retry_after_s=1.0)
+            return first, out
+        if first is not None:
+            await self._drop(first)
+        self.counters["degraded_on_error"] += 1
+        return await self._attempts(fallback, key), fallback
+
     def _outgoing(self, request: Request, body: bytes, utilisation: float, traceparent: str | None = None) -> Outgoing:
         path, degraded_to = request.url.path, ""
         fallbacks = self.config.degrade.fallbacks
-        if fallbacks and utilisation >= self.config.degrade.start_utilisation:
+        if fallbacks and (utilisation >= self.config.degrade.start_utilisation or (
+                self.breaker.ejected_until_s and self.breaker.ejected(degrade.model_of(path, body),
+                                                                     self.clock.now_s()))):
             rewritten = degrade.rewrite(path, body, fallbacks)
             if rewritten is not None:
                 path, body, degraded_to = rewritten

@@ -66,7 +66,7 @@ def route_ray(
     route(ctx, config=None, print_config=False, replicas=replicas, discover="none", k8s_service="",
           k8s_namespace="", k8s_api="", backend="ray", policy=policy, host=host,
           port=port, grpc_port=-1,
-          model_repository=model_repository, model=model, replica_capacity=replica_capacity, hedging=False,
+          model_repository=model_repository, model=model, replica_capacity=replica_capacity, hedging=False, tied=False,
           shedding=True, autoscale=autoscale, min_replicas=min_replicas, max_replicas=max_replicas, warm_pool=0,
           drain_timeout_s=drain_timeout_s, ray_address=ray_address, ray_num_cpus=ray_num_cpus,
           actor_num_cpus=actor_num_cpus, actor_resource=[], placement="spread", replica_host=replica_host)
