@@ -36,10 +36,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from headroom.core.clock import Clock, MonotonicClock
-from headroom.core.errors import Cancelled, DeadlineExceeded, HeadroomError, NotReady, Overloaded
+from headroom.core.errors import Cancelled, DeadlineExceeded, HeadroomError, Overloaded
 from headroom.gateway.tracing import IngressSpan, parse_traceparent
 from headroom.router import degrade, tail
 from headroom.router import health as hp
+from headroom.router.attempts import attempts_or_fallback
 from headroom.router.canary import CanaryTracker
 from headroom.router.config import ProxyConfig
 from headroom.router.metrics import ReplicaView, RouterMetrics, RouterView, admin_routes
@@ -47,7 +48,7 @@ from headroom.router.policies import choose
 from headroom.router.request_keys import request_key
 from headroom.router.snapshot import ReplicaSnapshot, RouterState, routable
 from headroom.router.upstream import HOP_BY_HOP, Attempt, ReplicaRuntime, Upstream
-from headroom.router.wire import Outgoing, UpstreamFailed, disconnected, json_error
+from headroom.router.wire import Outgoing, UpstreamFailed, disconnected, end_span_with, json_error
 
 __all__ = ["ProxyConfig", "Router", "UpstreamFailed"]
 
@@ -261,69 +262,6 @@ class Router:
         return self._require_client().build_request(out.method, rt.upstream.base_url + out.path_and_query,
                                                     headers=list(out.headers), content=out.body)
 
-    async def _race(self, first: Attempt, out: Outgoing, key: str | None,
-                    tried: set[str]) -> Attempt:
-        """Run `first`; after the hedge delay, maybe send a backup; return the winning attempt.
-
-        Whatever is still running when this returns or is cancelled (client gone) is cancelled, which
-        closes its connection so the replica drops the work, and its outstanding slot is released.
-        """
-        client = self._require_client()
-        tasks: dict[asyncio.Task[Attempt], Attempt] = {}
-        tasks[asyncio.create_task(first.run(client, self._build(first.replica, out)))] = first
-        winner: Attempt | None = None
-        try:
-            winner = await self._hedged(first, tasks, out, key, tried)
-            return winner
-        finally:
-            for t, attempt in tasks.items():
-                if attempt is winner:
-                    continue
-                if not t.done():
-                    t.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await t
-                await attempt.discard()  # idempotent: releases the slot of losers and abandoned attempts
-
-    async def _hedged(self, first: Attempt, tasks: dict[asyncio.Task[Attempt], Attempt], out: Outgoing,
-                      key: str | None, tried: set[str]) -> Attempt:
-        (primary,) = tasks
-        c = self.config
-        delay = c.tied_delay_s if c.tied else tail.hedge_delay_s(self.latencies, c.hedge) if c.hedging else None
-        if delay is None:
-            return await primary
-        done, _ = await asyncio.wait({primary}, timeout=delay)
-        if done:
-            return primary.result()
-        backup_rt = self._pick(key, tried, first.arm)
-        if backup_rt is None:
-            return await primary
-        allowed, self.hedge_state = tail.budget_withdraw(self.hedge_state, self.clock.now_s(),
-                                                         self.config.hedge_budget)
-        if not allowed:
-            return await primary
-        self.counters["tied" if c.tied else "hedges"] += 1
-        tried.add(backup_rt.upstream.replica_id)
-        second = Attempt(backup_rt, self.clock, hedge=True, arm=first.arm)
-        tasks[asyncio.create_task(second.run(self._require_client(), self._build(backup_rt, out)))] = second
-        pending: set[asyncio.Task[Attempt]] = set(tasks)
-        winner: Attempt = first
-        decided = False
-        while pending and not decided:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            # a usable answer wins; when nothing is left running, the last result is the answer
-            results = sorted((t.result() for t in done), key=lambda a: a.outcome != "ok")
-            for a in results:
-                if not decided and (a.outcome == "ok" or (not pending and a is results[-1])):
-                    winner, decided = a, True
-                elif a.outcome == "ok":
-                    await a.discard()  # both answered at once: keep one
-                else:
-                    await self._drop(a)  # an error while the other copy may still answer
-        if winner is second:
-            self.counters["hedge_wins"] += 1
-        return winner
-
     # ----------------------------------------------------------------------------------------- handling
 
     async def handle(self, request: Request) -> Response:
@@ -341,7 +279,7 @@ class Router:
             if span is not None:
                 span.finish([], time.time_ns(), status_code=500)
             raise
-        return response if span is None else _end_span_with(response, span)
+        return response if span is None else end_span_with(response, span)
 
     def _start_span(self, request: Request) -> IngressSpan | None:
         """The router's SERVER span for one request (None when tracing is off)."""
@@ -377,7 +315,7 @@ class Router:
         out = self._outgoing(request, body, d.utilisation, traceparent)
         self.inflight += 1
         inflight_at_start = self.inflight
-        work = asyncio.create_task(self._attempts_or_fallback(out, key))
+        work = asyncio.create_task(attempts_or_fallback(self, out, key))
         gone = asyncio.create_task(disconnected(request))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -392,34 +330,6 @@ class Router:
             gone.cancel()
             self.inflight -= 1
         return self._respond(winner, inflight_at_start, out.degraded_to)
-
-    async def _attempts_or_fallback(self, out: Outgoing, key: str | None) -> tuple[Attempt, Outgoing]:
-        """The primary's attempts; when they fail and its model has a fallback, the fallback's, once (and the
-        primary's failures feed its breaker: enough in a row eject it, see `degrade`)."""
-        cfg = self.config.degrade
-        primary = degrade.model_of(out.path_and_query.partition("?")[0], out.body) if not out.degraded_to else ""
-        refused: NotReady | None = None
-        try:
-            first: Attempt | None = await self._attempts(out, key)
-        except NotReady as exc:  # no replica would take it
-            first, refused = None, exc
-        failed = first is None or degrade.primary_failed(first.outcome)
-        if primary and primary in cfg.fallbacks:
-            self.breaker, ejected = degrade.breaker_record(self.breaker, primary, failed, self.clock.now_s(), cfg)
-            if ejected:
-                log.warning("event=model_ejected model=%s fallback=%s ejection_s=%.0f", primary,
-                            cfg.fallbacks[primary], cfg.ejection_s)
-        fallback = degrade.fallback_outgoing(out, cfg.fallbacks) if failed and cfg.on_error else None
-        if fallback is None:
-            if first is None and refused is not None:
-                raise refused
-            if first is None:
-                raise NotReady("no replica is ready; retry later", retry_after_s=1.0)
-            return first, out
-        if first is not None:
-            await self._drop(first)
-        self.counters["degraded_on_error"] += 1
-        return await self._attempts(fallback, key), fallback
 
     def _outgoing(self, request: Request, body: bytes, utilisation: float, traceparent: str | None = None) -> Outgoing:
         path, degraded_to = request.url.path, ""
@@ -437,36 +347,6 @@ class Router:
             headers = (*((k, v) for k, v in headers if k.lower() != "traceparent"), ("traceparent", traceparent))
         return Outgoing(request.method, path + query, headers, body, degraded_to,
                         tail.replayable(request.method, path))
-
-    async def _attempts(self, out: Outgoing, key: str | None) -> Attempt:
-        tried: set[str] = set()
-        last: Attempt | None = None
-        arm = self._arm()
-        for attempt_no in range(self.config.max_attempts):
-            rt = self._pick(key, tried, arm)
-            if rt is None:
-                break
-            if attempt_no > 0:
-                allowed, self.retry_state = tail.budget_withdraw(self.retry_state, self.clock.now_s(),
-                                                                 self.config.retry_budget)
-                if not allowed:
-                    self.counters["retries_denied"] += 1
-                    break
-                self.counters["retries"] += 1
-            tried.add(rt.upstream.replica_id)
-            last = await self._race(Attempt(rt, self.clock, arm=arm), out, key, tried)
-            if not tail.retryable(last.outcome, out.replayable):
-                return last
-            await self._drop(last)
-        if last is None:
-            self.counters["no_replica"] += 1
-            raise NotReady("no replica is ready (loading, warming, draining or ejected); retry later",
-                           retry_after_s=1.0)
-        if last.outcome == "connect_error":
-            self.counters["upstream_failed"] += 1
-            raise NotReady(f"could not reach a replica (last tried {last.replica.upstream.replica_id}); "
-                           "retry later", retry_after_s=1.0)
-        return last  # a not_ready 503 from the replica: pass it through
 
     def _respond(self, a: Attempt, inflight_at_start: int, degraded_to: str = "") -> Response:
         rid = a.replica.upstream.replica_id
@@ -520,24 +400,3 @@ class Router:
         canary = None if self.canary is None else {"version": self.canary.canary_version,
                                                      "weight": self.canary.weight, "phase": self.canary.state.phase}
         return RouterView(self.clock.now_s(), dict(self.counters), self.inflight, limit, reps, canary)
-
-
-def _end_span_with(response: Response, span: IngressSpan) -> Response:
-    """End `span` with the response: now for a buffered body, when the last chunk went for a streamed one."""
-    replica = response.headers.get("x-headroom-replica", "")
-    if replica:
-        span.span.set_attribute("headroom.replica", replica)
-    if not isinstance(response, StreamingResponse):
-        span.finish([], time.time_ns(), status_code=response.status_code)
-        return response
-    inner = response.body_iterator
-
-    async def body() -> AsyncIterator[str | bytes | memoryview]:
-        try:
-            async for chunk in inner:
-                yield chunk
-        finally:
-            span.finish([], time.time_ns(), status_code=response.status_code)
-
-    response.body_iterator = body()
-    return response

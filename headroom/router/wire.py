@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from headroom.core.errors import HeadroomError
+from headroom.gateway.tracing import IngressSpan
 
 
 class UpstreamFailed(HeadroomError):
@@ -44,3 +47,24 @@ def json_error(exc: HeadroomError) -> Response:
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
     return Response(orjson.dumps(exc.to_json()), exc.http_status, headers, media_type="application/json")
+
+
+def end_span_with(response: Response, span: IngressSpan) -> Response:
+    """End `span` with the response: now for a buffered body, when the last chunk went for a streamed one."""
+    replica = response.headers.get("x-headroom-replica", "")
+    if replica:
+        span.span.set_attribute("headroom.replica", replica)
+    if not isinstance(response, StreamingResponse):
+        span.finish([], time.time_ns(), status_code=response.status_code)
+        return response
+    inner = response.body_iterator
+
+    async def body() -> AsyncIterator[str | bytes | memoryview]:
+        try:
+            async for chunk in inner:
+                yield chunk
+        finally:
+            span.finish([], time.time_ns(), status_code=response.status_code)
+
+    response.body_iterator = body()
+    return response
