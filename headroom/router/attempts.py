@@ -128,13 +128,8 @@ async def attempts(router: Router, out: Outgoing, key: str | None) -> Attempt:
         rt = router._pick(key, tried, arm)
         if rt is None:
             break
-        if attempt_no > 0:
-            allowed, router.retry_state = tail.budget_withdraw(router.retry_state, router.clock.now_s(),
-                                                             router.config.retry_budget)
-            if not allowed:
-                router.counters["retries_denied"] += 1
-                break
-            router.counters["retries"] += 1
+        if attempt_no > 0 and not router.allow_retry():
+            break
         tried.add(rt.upstream.replica_id)
         last = await race(router, Attempt(rt, router.clock, arm=arm), out, key, tried)
         if not tail.retryable(last.outcome, out.replayable):

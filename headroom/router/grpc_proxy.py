@@ -97,12 +97,8 @@ class GrpcProxy:
                 rt = self._pick(tried)
                 if rt is None:
                     break
-                if attempt_no > 0:
-                    allowed, router.retry_state = tail.budget_withdraw(router.retry_state, router.clock.now_s(),
-                                                                       router.config.retry_budget)
-                    if not allowed:
-                        break
-                    router.counters["retries"] += 1
+                if attempt_no > 0 and not router.allow_retry():
+                    break
                 tried.add(rt.upstream.replica_id)
                 rt.outstanding += 1
                 rt.requests += 1

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import orjson
@@ -38,6 +39,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from headroom.router.snapshot import ReplicaSnapshot
+
+if TYPE_CHECKING:
+    from headroom.router.proxy import Router
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -175,3 +179,14 @@ def admin_routes(read: Callable[[], RouterView], registry: CollectorRegistry) ->
 
     return [Route("/router/stats", stats, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
             Route("/metrics/replicas", discovery, methods=["GET"])]
+
+
+def router_view(router: Router) -> RouterView:
+    """What `/metrics` reads at scrape time."""
+    limit = router.vegas.effective_limit(router.config.vegas) if router.config.adaptive_concurrency else None
+    reps = tuple(ReplicaView(s, router.replicas[s.replica_id].upstream.base_url,
+                             router.replicas[s.replica_id].requests, router.replicas[s.replica_id].failures)
+                 for s in router.snapshots())
+    canary = None if router.canary is None else {"version": router.canary.canary_version,
+                                                 "weight": router.canary.weight, "phase": router.canary.state.phase}
+    return RouterView(router.clock.now_s(), dict(router.counters), router.inflight, limit, reps, canary)

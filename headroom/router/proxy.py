@@ -43,7 +43,7 @@ from headroom.router import health as hp
 from headroom.router.attempts import attempts_or_fallback
 from headroom.router.canary import CanaryTracker
 from headroom.router.config import ProxyConfig
-from headroom.router.metrics import ReplicaView, RouterMetrics, RouterView, admin_routes
+from headroom.router.metrics import RouterMetrics, admin_routes, router_view
 from headroom.router.policies import choose
 from headroom.router.request_keys import request_key
 from headroom.router.snapshot import ReplicaSnapshot, RouterState, routable
@@ -83,9 +83,9 @@ class Router:
         self._client: httpx.AsyncClient | None = None
         self._checker: asyncio.Task[None] | None = None
         self._wake_checker = asyncio.Event()
-        self.metrics = RouterMetrics(registry or CollectorRegistry(), self._view)
+        self.metrics = RouterMetrics(registry or CollectorRegistry(), lambda: router_view(self))
         self.set_upstreams(upstreams)
-        self.app = Starlette(routes=[*admin_routes(self._view, self.metrics.registry),
+        self.app = Starlette(routes=[*admin_routes(lambda: router_view(self), self.metrics.registry),
                                      Route("/{path:path}", self.handle, methods=[
                                          "GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])],
                              lifespan=self._lifespan)
@@ -221,6 +221,13 @@ class Router:
     def pick(self, key: str | None = None, exclude: Collection[str] = ()) -> ReplicaRuntime | None:
         """Choose a replica with the configured policy; None when no replica is routable."""
         return self._pick(key, set(exclude), self._arm())
+
+    def allow_retry(self) -> bool:
+        """Withdraw one retry from the budget (HTTP and gRPC share it); counts the retry or its denial."""
+        allowed, self.retry_state = tail.budget_withdraw(self.retry_state, self.clock.now_s(),
+                                                         self.config.retry_budget)
+        self.counters["retries" if allowed else "retries_denied"] += 1
+        return allowed
 
     def mark_unready(self, replica_id: str) -> None:
         """The replica refused a connection or is draining: no new traffic there until a check passes."""
@@ -390,13 +397,3 @@ class Router:
     def _feed_limiter(self, latency_s: float, inflight: int, dropped: bool) -> None:
         if self.config.adaptive_concurrency and latency_s > 0:
             self.vegas = tail.vegas_update(self.vegas, latency_s, inflight, dropped, self.config.vegas)
-
-    def _view(self) -> RouterView:
-        """What `/metrics` reads at scrape time."""
-        limit = self.vegas.effective_limit(self.config.vegas) if self.config.adaptive_concurrency else None
-        reps = tuple(ReplicaView(s, self.replicas[s.replica_id].upstream.base_url,
-                                 self.replicas[s.replica_id].requests, self.replicas[s.replica_id].failures)
-                     for s in self.snapshots())
-        canary = None if self.canary is None else {"version": self.canary.canary_version,
-                                                     "weight": self.canary.weight, "phase": self.canary.state.phase}
-        return RouterView(self.clock.now_s(), dict(self.counters), self.inflight, limit, reps, canary)
