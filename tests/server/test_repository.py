@@ -21,14 +21,18 @@ def _infer_echo(client: triton_http.InferenceServerClient, version: str = "") ->
 
 def test_load_unload_reload_and_a_failed_reload_keeps_the_old_version(tmp_path: Path) -> None:
     repo = build_test_repository(tmp_path / "repo")
-    with run_server(repo, tmp_path, ["--grpc-port", "-1", "--model", "echo", "--model", "text"]) as srv:
+    args = ["--grpc-port", "-1", "--model", "echo", "--model", "text", "--model-control-mode", "explicit"]
+    with run_server(repo, tmp_path, args) as srv:
         client = triton_http.InferenceServerClient(srv.http_target)
         index = {row["name"]: row for row in client.get_model_repository_index()}
-        assert index["echo"]["state"] == "READY" and index["slow"]["state"] == "UNAVAILABLE"
+        assert set(index) == {"echo", "text"}  # only what this server serves (--model), as Triton
+        assert index["echo"]["state"] == "READY"
 
         client.unload_model("text")
         with pytest.raises(InferenceServerException):
             client.get_model_metadata("text")
+        rows = client.get_model_repository_index()
+        assert {r["name"]: r["state"] for r in rows}["text"] == "UNAVAILABLE"
         client.load_model("text")
         assert client.is_model_ready("text")
 
