@@ -175,6 +175,11 @@ def to_yaml(docs: list[Manifest]) -> str:
 deploy_app = typer.Typer(help="Write deployment manifests.", no_args_is_help=True, add_completion=False)
 
 
+@deploy_app.callback()
+def deploy() -> None:
+    """Write deployment manifests: `headroom deploy k8s` (a group, so the target is named as documented)."""
+
+
 @deploy_app.command("k8s")
 def k8s(
     image: str = typer.Option("headroom:latest", help="Container image holding headroom and the models."),
