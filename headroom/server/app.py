@@ -113,10 +113,12 @@ class Server:
         if not index_llm:
             return [], []
         from headroom.llm.factory import build_llm_service
+        from headroom.llm.generate import GenerateRoutes
         from headroom.llm.http import openai_routes
 
         routes: list[BaseRoute] = []
         cards: list[object] = []
+        servings = {}
         for entry in index_llm:
             service = build_llm_service(entry.config, self.registry)
             self._llm_services.append(service)
@@ -124,7 +126,9 @@ class Server:
             self.dataplane.generative.add(entry.config, service)
             routes.extend(openai_routes(service.serving))
             cards.extend(service.serving.model_cards())
-        return routes, cards
+            servings[entry.config.name] = service.serving
+        generate = GenerateRoutes(servings, lambda name: bool(self.dataplane.loaded_versions(name)))
+        return [*routes, *generate.routes()], cards
 
     async def run(self, on_ready: Callable[[Server], None] | None = None) -> None:
         """Start everything, serve until SIGTERM/SIGINT or `stop()`, then drain and shut down."""

@@ -39,7 +39,7 @@ from headroom.server.metrics import ModelObserver, ServerMetrics
 log = logging.getLogger("headroom.access")
 
 EXTENSIONS = ("binary_tensor_data", "classification", "logging", "model_configuration", "model_repository",
-              "statistics", "trace")
+              "statistics", "trace", "generate")
 
 
 @dataclass(frozen=True, slots=True)
