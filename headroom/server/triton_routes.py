@@ -74,7 +74,7 @@ class TritonApi:
         await self.require_manager().unload(request.path_params["model"])
         return _json({})
 
-    # --- shared memory: status lists no regions; registration is refused (Unsupported, 501) -------------
+    # --- shared memory: status lists no regions; registration is refused (Unsupported, 400) -------------
     async def shm_status(self, request: Request) -> Response:
         kind = request.path_params["kind"]
         return _json(self.settings.shm_status(kind, request.path_params.get("region", "")))

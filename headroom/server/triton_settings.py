@@ -2,7 +2,7 @@
 parameters of a repository load.
 
 - Shared memory (system and CUDA): headroom takes tensors in the request body only. Status lists no regions;
-  a registration is refused with `Unsupported` (501 / UNIMPLEMENTED) saying what to do instead.
+  a registration is refused with `Unsupported` (400 / UNIMPLEMENTED) saying what to do instead.
 - Trace settings report how tracing was configured at start (`serve --trace-spans-file`: OpenTelemetry spans
   as JSON lines); an update that changes them is refused (they are fixed for the process).
 - Log settings map onto the `headroom` logger: `log_info`/`log_warning`/`log_error`/`log_verbose_level`
