@@ -55,7 +55,9 @@ def test_generate_stream_is_server_sent_events_of_the_same_text(llm: RunningServ
     ("/v2/models/smollm2/generate", {"parameters": {"max_tokens": 3}}, 400, "'text_input'"),
     ("/v2/models/smollm2/generate", {"text_input": "hi", "max_tokens": 2, "parameters": {"max_tokens": 3}}, 400,
      "both at the top level"),
-    ("/v2/models/smollm2/generate", {"text_input": "hi", "max_tokens": 10_000_000}, 400, "context"),
+    ("/v2/models/smollm2/generate", {"text_input": "hi", "max_tokens": 4000}, 400, "maximum context length"),
+    ("/v2/models/smollm2/generate", {"text_input": "hi", "max_tokens": 10_000_000}, 400,
+     "exceeds this server's limit"),  # the gateway's input limits apply to generate as to /v1/completions
     ("/v2/models/smollm2/versions/3/generate", {"text_input": "hi"}, 404, "version 3 is not found"),
     ("/v2/models/nope/generate", {"text_input": "hi"}, 404, "Request for unknown model: 'nope'"),
     ("/v2/models/digits/generate_stream", {"text_input": "hi"}, 400, "not a generative model"),
