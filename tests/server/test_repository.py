@@ -52,3 +52,31 @@ def test_load_unload_reload_and_a_failed_reload_keeps_the_old_version(tmp_path: 
         np.testing.assert_array_equal(_infer_echo(client, "2"), [[2.0, 4.0]])
         assert srv.alive()
 
+
+
+def test_explicit_mode_loads_only_load_model_at_start(tmp_path: Path) -> None:
+    repo = build_test_repository(tmp_path / "repo")
+    args = ["--grpc-port", "-1", "--model-control-mode", "explicit", "--load-model", "echo"]
+    with run_server(repo, tmp_path, args) as srv:
+        client = triton_http.InferenceServerClient(srv.http_target)
+        states = {row["name"]: row["state"] for row in client.get_model_repository_index()}
+        assert states == {"echo": "READY", "slow": "UNAVAILABLE", "text": "UNAVAILABLE", "cams": "UNAVAILABLE"}
+        assert not client.is_model_ready("text")
+        client.load_model("text")
+        assert client.is_model_ready("text")
+
+
+def test_load_model_needs_explicit_mode_and_a_known_name(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    repo = build_test_repository(tmp_path / "repo")
+    base = [sys.executable, "-m", "headroom.cli.main", "serve", "--model-repository", str(repo), "--http-port", "0",
+            "--grpc-port", "-1"]
+    done = subprocess.run([*base, "--load-model", "echo"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--load-model needs --model-control-mode explicit" in done.stderr
+    done = subprocess.run([*base, "--model-control-mode", "explicit", "--load-model", "ecko"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "no model directory named ['ecko']" in done.stderr
+    done = subprocess.run([*base, "--model-control-mode", "sometimes"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "none, explicit or poll" in done.stderr
