@@ -9,7 +9,7 @@ which that module maps to gRPC status codes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import json_format
 
@@ -17,6 +17,8 @@ from headroom.protocol.generated import headroom_inference_pb2 as pb
 from headroom.protocol.triton_config import triton_model_config_proto
 from headroom.server.triton_routes import TritonApi
 from headroom.server.triton_settings import load_parameters
+
+R = TypeVar("R")
 
 
 def _settings_value(value: Any) -> object:
@@ -58,34 +60,32 @@ class TritonAdminServicer:
         await self._api.require_manager().unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
-    # --- shared memory ---------------------------------------------------------------------------------
-    async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
-                                       context: Any) -> pb.SystemSharedMemoryStatusResponse:
-        self._settings.shm_status("system", request.name)
-        return pb.SystemSharedMemoryStatusResponse()
+    # --- shared memory: the six RPCs, one pair of kinds (system, cuda) ----------------------------------
+    async def _shm(self, kind: str, action: str, region: str, response: type[R]) -> R:
+        if action == "status":
+            self._settings.shm_status(kind, region)
+        elif action == "register":
+            self._settings.shm_register(kind, region)  # refused: shared memory is not supported
+        return response()  # status: no regions; unregister: nothing is ever registered
 
-    async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
-                                         context: Any) -> pb.SystemSharedMemoryRegisterResponse:
-        self._settings.shm_register("system", request.name)
-        return pb.SystemSharedMemoryRegisterResponse()
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> pb.SystemSharedMemoryStatusResponse:
+        return await self._shm("system", "status", request.name, pb.SystemSharedMemoryStatusResponse)
 
-    async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> pb.SystemSharedMemoryRegisterResponse:
+        return await self._shm("system", "register", request.name, pb.SystemSharedMemoryRegisterResponse)
+
+    async def SystemSharedMemoryUnregister(self, request: Any,
                                            context: Any) -> pb.SystemSharedMemoryUnregisterResponse:
-        return pb.SystemSharedMemoryUnregisterResponse()  # nothing is ever registered
+        return await self._shm("system", "unregister", request.name, pb.SystemSharedMemoryUnregisterResponse)
 
-    async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest,
-                                     context: Any) -> pb.CudaSharedMemoryStatusResponse:
-        self._settings.shm_status("cuda", request.name)
-        return pb.CudaSharedMemoryStatusResponse()
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> pb.CudaSharedMemoryStatusResponse:
+        return await self._shm("cuda", "status", request.name, pb.CudaSharedMemoryStatusResponse)
 
-    async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest,
-                                       context: Any) -> pb.CudaSharedMemoryRegisterResponse:
-        self._settings.shm_register("cuda", request.name)
-        return pb.CudaSharedMemoryRegisterResponse()
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> pb.CudaSharedMemoryRegisterResponse:
+        return await self._shm("cuda", "register", request.name, pb.CudaSharedMemoryRegisterResponse)
 
-    async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest,
-                                         context: Any) -> pb.CudaSharedMemoryUnregisterResponse:
-        return pb.CudaSharedMemoryUnregisterResponse()
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> pb.CudaSharedMemoryUnregisterResponse:
+        return await self._shm("cuda", "unregister", request.name, pb.CudaSharedMemoryUnregisterResponse)
 
     # --- trace and log settings ------------------------------------------------------------------------
     async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:

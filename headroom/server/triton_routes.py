@@ -16,7 +16,7 @@ from headroom.core.errors import InvalidRequest, NotReady
 from headroom.protocol.triton_config import triton_model_config
 from headroom.server.dataplane import DataPlane
 from headroom.server.model_manager import ModelManager
-from headroom.server.triton_settings import TritonSettings, load_parameters
+from headroom.server.triton_settings import TritonSettings, json_object, load_parameters
 
 
 def _json(payload: object, status: int = 200) -> Response:
@@ -27,15 +27,7 @@ async def _body(request: Request, limit_bytes: int = 16 * 1024 * 1024) -> dict[s
     raw = await request.body()
     if len(raw) > limit_bytes:
         raise InvalidRequest(f"request body over {limit_bytes} bytes")
-    if not raw.strip():
-        return {}
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    return body
+    return json_object(raw, "the request body")
 
 
 class TritonApi:

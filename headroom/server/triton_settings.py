@@ -40,14 +40,21 @@ def load_parameters(params: object) -> Mapping[str, object] | None:
     raw = params.get("config")
     if raw is None:
         return None
-    if isinstance(raw, bytes | str):
-        try:
-            raw = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidRequest(f"load parameter 'config' is not valid JSON: {exc}") from None
-    if not isinstance(raw, Mapping):
-        raise InvalidRequest("load parameter 'config' must be a JSON object in Triton's model-config schema")
-    return raw
+    what = "load parameter 'config' (Triton's model-config schema)"
+    return json_object(raw, what) if isinstance(raw, bytes | str) else json_object(orjson.dumps(raw), what)
+
+
+def json_object(raw: bytes | str, what: str) -> dict[str, object]:
+    """Parse `raw` as one JSON object (empty = {}); InvalidRequest naming `what` otherwise."""
+    if not raw.strip():
+        return {}
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest(f"{what} must be a JSON object")
+    return doc
 
 
 class TritonSettings:
@@ -123,4 +130,4 @@ class TritonSettings:
         return self.log()
 
 
-__all__ = ["SHM_KINDS", "TritonSettings", "load_parameters"]
+__all__ = ["SHM_KINDS", "TritonSettings", "json_object", "load_parameters"]
