@@ -64,6 +64,12 @@ def test_explicit_mode_loads_only_load_model_at_start(tmp_path: Path) -> None:
         assert not client.is_model_ready("text")
         client.load_model("text")
         assert client.is_model_ready("text")
+        config = repo / "text" / "config.yaml"
+        config.write_text(config.read_text().replace("max_batch_size:", "max_batch_sise:"))
+        with pytest.raises(InferenceServerException) as typo:
+            client.load_model("text")
+        assert "unknown key 'max_batch_sise'; did you mean 'max_batch_size'?" in str(typo.value)
+        assert client.is_model_ready("text")  # the loaded version keeps serving
 
 
 def test_load_model_needs_explicit_mode_and_a_known_name(tmp_path: Path) -> None:
