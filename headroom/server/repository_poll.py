@@ -101,10 +101,14 @@ class RepositoryPoller:
         return plan
 
     async def run(self) -> None:
+        """Poll until cancelled; a poll that fails (a directory vanishing mid-scan) is logged and retried."""
         await self.prime()
         while True:
             await asyncio.sleep(self._interval_s)
-            await self.poll_once()
+            try:
+                await self.poll_once()
+            except OSError as exc:
+                log.warning("poll: scanning %s failed, retrying next poll: %s", self._root, exc)
 
 
 __all__ = ["PollPlan", "RepositoryPoller", "fingerprint", "poll_plan", "snapshot"]
