@@ -315,7 +315,7 @@ def main() -> None:
         targets.append(Target("fastapi_transformers",
                               [PY, str(ROOT / "benchmarks" / "serving" / "fastapi_baseline.py"), "--port", str(port)],
                               f"http://127.0.0.1:{port}", wait_fastapi, high_rate=48.0, min_probe_s=20.0))
-    noop = headroom_target("noop_overhead", ROOT / "models", "noop", 300.0, only="noop")
+    noop = headroom_target("noop_overhead", ROOT / "benchmarks" / "models", "noop", 300.0, only="noop")
     start_machine = machine()
     runs: dict[str, list[dict[str, object]]] = {t.name: [] for t in [*targets, noop]}
     procs = started([*targets, noop])

@@ -3,7 +3,7 @@
 # Usage: [TAG=name] benchmarks/sim_validation/run.sh [MODEL] [SECONDS_PER_LOAD] [more `headroom sim` options]
 #   e.g. TAG=pinned benchmarks/sim_validation/run.sh minilm 30 --server-cpus 1 --generator-cpus 0
 #   defaults: sleep 30. MODEL `sleep` lives in benchmarks/sim_validation/models (CPU-free compute: isolates the
-#   queueing and batching the simulator models); other names come from ./models (minilm, digits, noop).
+#   queueing and batching the simulator models); other names come from ./models (minilm, digits).
 # Writes benchmarks/results/sim_validation_<date>_<MODEL>[_<TAG>].json and prints the comparison table.
 # Calibration (defaults): 200 single-stream requests, a 600-request closed-loop saturation check
 # (--saturation-queries 0 to skip), 15 s open loop at 0.85 of capacity (--calibration-high-load: host CPU at

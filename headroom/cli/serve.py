@@ -24,10 +24,10 @@ def _banner(server: Server) -> None:
     console.print("  try:")
     console.print(f"    curl -s {scheme}://{host}:{http}/v2/health/ready")
     if "minilm" in names:
-        console.print(f"    curl -s http://{host}:{http}/v1/embeddings -H 'content-type: application/json' "
+        console.print(f"    curl -s {scheme}://{host}:{http}/v1/embeddings -H 'content-type: application/json' "
                       "-d '{\"model\": \"minilm\", \"input\": [\"hello world\"]}'")
     if "digits" in names:
-        console.print(f"    curl -s http://{host}:{http}/v2/models/digits")
+        console.print(f"    curl -s {scheme}://{host}:{http}/v2/models/digits")
 
 
 def serve(
@@ -36,6 +36,14 @@ def serve(
     grpc_port: int = typer.Option(8001, help="gRPC port (inference.GRPCInferenceService). 0 = any free, -1 = off."),
     model_repository: Path = typer.Option(Path("models"), help="Directory of <model>/config.yaml + <version>/."),
     model: list[str] = typer.Option([], "--model", help="Serve only this model directory (repeatable)."),
+    model_control_mode: str = typer.Option("none", help="Triton's model control: none (load every model at start; "
+                                           "the repository load/unload API is refused), explicit (load "
+                                           "--load-model at start; load/unload open) or poll (reload changed "
+                                           "model directories every --repository-poll-secs)."),
+    load_model: list[str] = typer.Option([], "--load-model", help="With --model-control-mode explicit: load this "
+                                         "model at start (repeatable; '*' = all; none given = all)."),
+    repository_poll_secs: float = typer.Option(15.0, min=0.1, help="With --model-control-mode poll: seconds "
+                                               "between repository scans."),
     max_body_mb: float = typer.Option(64.0, help="Largest accepted request body in MiB (larger: 413)."),
     drain_timeout_s: float = typer.Option(30.0, help="On SIGTERM, how long to let in-flight requests finish."),
     log_level: str = typer.Option("info", help="Log level for headroom's JSON logs on stderr."),
@@ -97,6 +105,10 @@ def serve(
         from headroom.router.replicas import ReplicaManagerConfig
 
         err = Console(stderr=True, soft_wrap=True)
+        if model_control_mode != "none":
+            err.print("[bold red]error:[/] --model-control-mode explicit/poll with --replicas is not supported: a "
+                      "load through the router would reach one replica; run one replica to manage models")
+            raise typer.Exit(code=2)
         if tls_certfile is not None or tls_keyfile is not None:
             err.print("[bold red]error:[/] TLS with --replicas is not supported yet: terminate TLS in front of the "
                       "router (Envoy, nginx), or run one replica without --replicas")
@@ -145,7 +157,13 @@ def serve(
         warning = exposure_warning(host, setup, tls is not None)
         if warning:
             Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {warning}")
+        if model_control_mode not in ("none", "explicit", "poll"):
+            raise ValueError(f"--model-control-mode must be none, explicit or poll, got {model_control_mode!r}")
+        if load_model and model_control_mode != "explicit":
+            raise ValueError("--load-model needs --model-control-mode explicit (as Triton)")
         config = ServerConfig(
+            model_control_mode=model_control_mode, load_models=tuple(load_model) or ("*",),
+            repository_poll_s=repository_poll_secs,
             model_repository=model_repository, host=host, http_port=http_port, grpc_port=grpc_port,
             models=tuple(model) or None, limits=HttpLimits(max_body_bytes=max_body_bytes),
             drain_timeout_s=drain_timeout_s, log_level=log_level, gateway=setup, tls=tls,

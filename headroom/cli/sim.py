@@ -128,7 +128,7 @@ def sim(
                                            "--loads (target utilisations by default) for --duration s, simulate "
                                            "the same schedule, compare p50/p99. On a small machine pin: "
                                            "--server-cpus 1 --generator-cpus 0 (docs/sim.md).")] = False,
-    model: Annotated[str, typer.Option(help="--validate: model to serve and bench (digits, minilm, noop).")] = "digits",
+    model: Annotated[str, typer.Option(help="--validate: model to serve and bench (digits, minilm).")] = "digits",
     model_repository: Annotated[Path, typer.Option(help="--validate: model repository.")] = Path("models"),
     loads: Annotated[str, typer.Option(help="--validate: judged loads, comma-separated: target utilisations "
                                        "(see --load-basis); those <= 0.7 must meet the 15 % target, the rest are "

@@ -5,6 +5,7 @@
     ├── ModelNotFound                  404 NOT_FOUND         unknown model or version
     ├── PayloadTooLarge                413 RESOURCE_EXHAUSTED body or tensor above a configured limit
     ├── Unprocessable                  422 INVALID_ARGUMENT  well-formed but semantically unusable input
+    ├── Unsupported                    400 UNIMPLEMENTED     a protocol feature headroom does not offer
     ├── RateLimited                    429 RESOURCE_EXHAUSTED per-tenant / per-queue limit; has retry_after_s
     ├── Overloaded                     503 UNAVAILABLE       queue full / shedding; has retry_after_s
     ├── NotReady                       503 UNAVAILABLE       model loading, draining or unloaded
@@ -56,6 +57,12 @@ class Unprocessable(HeadroomError):
     http_status = 422
     grpc_code = "INVALID_ARGUMENT"
     reason = "unprocessable"
+
+
+class Unsupported(HeadroomError):
+    http_status = 400  # the client asked for something this server never does: its request, not a 5xx
+    grpc_code = "UNIMPLEMENTED"
+    reason = "unsupported"
 
 
 class RateLimited(HeadroomError):

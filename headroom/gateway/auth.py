@@ -35,7 +35,12 @@ _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _HEADER_HINT = "send `Authorization: Bearer <key>` or `X-API-Key: <key>`"
 
 #: Endpoints that need the admin role (regular expressions over the request path).
-DEFAULT_ADMIN_PATHS: tuple[str, ...] = (r"^/v2/repository/models/[^/]+/(load|unload)$", r"^/admin(/|$)")
+DEFAULT_ADMIN_PATHS: tuple[str, ...] = (
+    r"^/v2/repository/models/[^/]+/(load|unload)$", r"^/admin(/|$)",
+    # Triton's server settings, admin as their gRPC RPCs (grpc_auth.ADMIN_RPCS): log and trace settings and
+    # shared-memory registration
+    r"^/v2/logging$", r"^/v2/(models/[^/]+/)?trace/setting$", r"^/v2/(system|cuda)sharedmemory/",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -147,6 +147,12 @@ def check_model_path(raw_path: bytes) -> None:
 
 LLM_PATHS = ("/v1/completions", "/v1/chat/completions")
 EMBEDDING_PATHS = ("/v1/embeddings",)
+_GENERATE_PATH = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/generate(_stream)?$")
+
+
+def is_llm_path(path: str) -> bool:
+    """An LLM generation route: the OpenAI ones and Triton's `/v2/models/{m}/generate[_stream]`."""
+    return path in LLM_PATHS or _GENERATE_PATH.match(path) is not None
 
 
 def _count_int(body: Mapping[str, object], key: str) -> int:
@@ -201,6 +207,9 @@ def estimate_openai_body(path: str, body: bytes, limits: InputLimits) -> TokenEs
         return TokenEstimate(0, 0)
     if not isinstance(doc, dict):
         return TokenEstimate(0, 0)
+    if _GENERATE_PATH.match(path) is not None:  # Triton generate: text_input + sampling keys, maybe in parameters
+        params = doc.get("parameters")
+        doc = {**(params if isinstance(params, dict) else {}), **doc, "prompt": doc.get("text_input")}
     model = doc.get("model")
     if isinstance(model, str):
         check_model_name(model, "'model'")

@@ -52,7 +52,6 @@ from headroom.gateway.context import RequestContext, bind_context, reset_context
 from headroom.gateway.errors import RequestTimeout
 from headroom.gateway.limits import (
     EMBEDDING_PATHS,
-    LLM_PATHS,
     InputLimits,
     TokenEstimate,
     body_deadline_s,
@@ -61,6 +60,7 @@ from headroom.gateway.limits import (
     check_json_shape,
     check_model_path,
     estimate_openai_body,
+    is_llm_path,
 )
 from headroom.gateway.ratelimit import RateLimitConfig, RateLimiter
 from headroom.gateway.tracing import (
@@ -199,7 +199,7 @@ class GatewayMiddleware:
                     estimate = self._check_body(path, headers, body)
                 if not exempt and self._rate_limited:
                     self._rate_limit(tenant, estimate.total)
-                    if path in LLM_PATHS and self.limiter.config_for(tenant).llm_tokens.enabled:
+                    if is_llm_path(path) and self.limiter.config_for(tenant).llm_tokens.enabled:
                         reserved_tokens = estimate.completion_tokens
             except HeadroomError as exc:  # 408/413: the body was not read, so hang up after answering
                 status["code"] = exc.http_status
@@ -234,7 +234,7 @@ class GatewayMiddleware:
                 raise
         finally:
             settle()  # the client left, or the app failed, before the last body message
-            wanted = self.config.access_log or (self.config.llm_access_log and path in LLM_PATHS)
+            wanted = self.config.access_log or (self.config.llm_access_log and is_llm_path(path))
             if wanted and access_log.isEnabledFor(logging.INFO):
                 fields: dict[str, Any] = {
                     "method": scope["method"],
@@ -302,7 +302,7 @@ class GatewayMiddleware:
             or path.endswith("/infer")
         ):
             check_json_shape(body, limits)
-        if path in LLM_PATHS:
+        if is_llm_path(path):
             return estimate_openai_body(path, body, limits)
         if path in EMBEDDING_PATHS:
             estimate_openai_body(path, body, limits)

@@ -1,7 +1,8 @@
 """The packaged default models for `headroom models pull NAME` (no network): their config.yaml, and how their
 artifacts are produced (digits: trained from scikit-learn's bundled data; minilm: exported from the installed
-weights package; noop: a Python file). The configs are copies of the repository's models/*/config.yaml (a test
-keeps them equal).
+weights package; noop: a Python file). The configs are copies of the repository's models/*/config.yaml (noop's:
+benchmarks/models/noop, the overhead probe, which the default repository does not serve); a test keeps them
+equal.
 """
 
 from __future__ import annotations

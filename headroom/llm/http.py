@@ -23,7 +23,7 @@ from headroom.llm.openai_protocol import ServingResponse, error_response
 from headroom.llm.serving import OpenAIServing, UsageCallback
 
 
-class _ClosingStreamingResponse(StreamingResponse):
+class ClosingStreamingResponse(StreamingResponse):
     """A StreamingResponse that closes its generator when done, also when the client went away mid-stream."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -38,7 +38,7 @@ class _ClosingStreamingResponse(StreamingResponse):
 def _to_response(result: ServingResponse) -> Response:
     if result.stream is not None:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **result.headers}
-        return _ClosingStreamingResponse(result.stream, media_type="text/event-stream", headers=headers)
+        return ClosingStreamingResponse(result.stream, media_type="text/event-stream", headers=headers)
     return JSONResponse(dict(result.body or {}), status_code=result.status, headers=dict(result.headers))
 
 

@@ -27,7 +27,8 @@ The YAML edge validates with ValueError carrying the file and key, so a user kno
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,21 @@ from headroom.models.runtime import RuntimeConfig, parse_runtime
 
 BACKENDS = ("onnxruntime", "torch", "python", "llm")
 BATCHING_MODES = ("dynamic", "static", "adaptive", "multistream")
+TOP_LEVEL_KEYS = ("backend", "platform", "max_batch_size", "inputs", "outputs", "dynamic_batching", "instances",
+                  "warmup", "version_policy", "pinned", "runtime", "parameters")
+TENSOR_KEYS = ("name", "datatype", "shape")
+WARMUP_KEYS = ("batch_sizes",)
+
+
+def refuse_unknown_keys(raw: Mapping[str, Any], known: Iterable[str], where: str) -> None:
+    """ValueError naming the first unknown key of `raw`, with the closest known key (difflib) as a hint."""
+    names = list(known)
+    for key in raw:
+        if key in names:
+            continue
+        close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ValueError(f"{where}: unknown key '{key}'{hint} (known: {', '.join(names)})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +142,7 @@ def _tensor_specs(raw: Any, where: str) -> tuple[TensorSpec, ...]:
     for i, item in enumerate(raw):
         if not isinstance(item, Mapping):
             raise ValueError(f"{where}[{i}]: must be a mapping with name, datatype, shape")
+        refuse_unknown_keys(item, TENSOR_KEYS, f"{where}[{i}]")
         name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
         if not isinstance(name, str) or not name:
             raise ValueError(f"{where}[{i}].name: a non-empty string is required")
@@ -142,10 +159,7 @@ def _batching(raw: Any, where: str) -> BatchingConfig:
         return BatchingConfig()
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where}: must be a mapping")
-    known = set(BatchingConfig.__dataclass_fields__)
-    unknown = set(raw) - known
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    refuse_unknown_keys(raw, BatchingConfig.__dataclass_fields__, where)
     kwargs = dict(raw)
     for key in ("preferred_batch_sizes", "expected_streams"):
         if key in kwargs:
@@ -185,6 +199,7 @@ def parse_model_config(raw: Mapping[str, Any], name: str, where: str = "config.y
     """Validate a parsed YAML mapping into a ModelConfig; raises ValueError naming the bad key."""
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where}: the top level must be a mapping")
+    refuse_unknown_keys(raw, TOP_LEVEL_KEYS, where)
     backend = raw.get("backend")
     if backend not in BACKENDS:
         raise ValueError(f"{where}.backend: {backend!r} is not one of {', '.join(BACKENDS)}")
@@ -195,6 +210,9 @@ def parse_model_config(raw: Mapping[str, Any], name: str, where: str = "config.y
     if any(b > max(max_batch_size, 1) for b in batching.preferred_batch_sizes):
         raise ValueError(f"{where}.dynamic_batching.preferred_batch_sizes: sizes must be <= max_batch_size")
     warm_raw = raw.get("warmup") or {}
+    if not isinstance(warm_raw, Mapping):
+        raise ValueError(f"{where}.warmup: must be a mapping such as {{batch_sizes: [1, 8]}}")
+    refuse_unknown_keys(warm_raw, WARMUP_KEYS, f"{where}.warmup")
     warmup = WarmupConfig(batch_sizes=tuple(int(b) for b in warm_raw.get("batch_sizes", (1,))))
     instances = int(raw.get("instances", 1))
     if instances < 1:

@@ -1,7 +1,9 @@
 """`inference.GRPCInferenceService` on grpc.aio, a thin shell over an InferenceDataPlane.
 
-Implemented: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer. Every other RPC
-of the service answers UNIMPLEMENTED naming the RPC. Errors map through `HeadroomError.grpc_code`; an
+Implemented here: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer and
+ModelStreamInfer (protocol/grpc_stream.py); the composition root adds Triton's admin RPCs (model config,
+statistics, repository, shared memory, trace and log settings: server/grpc_admin.py) as `admin` servicers.
+An RPC no servicer implements answers UNIMPLEMENTED naming the RPC. Errors map through `HeadroomError.grpc_code`; an
 unexpected exception is logged and answered INTERNAL. When the client cancels (or its deadline passes) the
 data plane's `disconnected` watcher resolves (the data plane runs in its own task, shielded from grpc's
 cancellation of the handler), so a queued request is dropped; `cancel_grace_s` later it is cancelled
@@ -19,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +33,7 @@ from headroom.core.errors import HeadroomError
 from headroom.core.types import InferenceRequest, InferenceResponse
 from headroom.protocol.generated import headroom_inference_pb2 as pb
 from headroom.protocol.grpc_codec import decode_model_infer, encode_model_infer
+from headroom.protocol.grpc_stream import stream_infer
 from headroom.protocol.http_response import Labels, server_timing
 
 SERVICE_NAME = "inference.GRPCInferenceService"
@@ -139,12 +142,23 @@ class InferenceServicer:
         )
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        message, timings = await self._infer(request, context)
+        context.set_trailing_metadata((("server-timing", timings),))
+        return message
+
+    async def _infer(self, request: pb.ModelInferRequest, context: Any) -> tuple[pb.ModelInferResponse, str]:
         decoded = decode_model_infer(request, self._new_request_id())
         response = await _infer_until_disconnect(self._dataplane, decoded, context, self._cancel_grace_s)
         labels = self._labels(response.model_name, response.model_version) if self._labels else None
-        message = encode_model_infer(response, labels)
-        context.set_trailing_metadata((("server-timing", server_timing(response.timings)),))
-        return message
+        return encode_model_infer(response, labels), server_timing(response.timings)
+
+    async def _infer_message(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        return (await self._infer(request, context))[0]
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[pb.ModelInferRequest],
+                               context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        async for message in stream_infer(self._infer_message, requests, context):  # grpc.aio: an async gen
+            yield message
 
 
 Handler = Callable[[Any, Any], Awaitable[Any]]
@@ -175,22 +189,25 @@ def _unimplemented(name: str) -> Handler:
     async def handle(request: Any, context: Any) -> Any:
         await context.abort(
             grpc.StatusCode.UNIMPLEMENTED,
-            f"{SERVICE_NAME}/{name} is not implemented by headroom; supported: ServerLive, ServerReady, "
-            "ModelReady, ServerMetadata, ModelMetadata, ModelInfer",
+            f"{SERVICE_NAME}/{name} is not implemented by this server",
         )
 
     return handle
 
 
-def service_handler(servicer: InferenceServicer) -> Any:
-    """A generic handler for every RPC in the service descriptor (unknown ones answer UNIMPLEMENTED)."""
+def service_handler(servicer: InferenceServicer, admin: Sequence[object] = ()) -> Any:
+    """A generic handler for every RPC in the service descriptor: each from the first of `servicer`, *`admin`
+    that has a method of its name (none: UNIMPLEMENTED). The streaming RPC answers errors in-stream."""
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     handlers: dict[str, Any] = {}
     for method in service.methods:
         request_cls = message_factory.GetMessageClass(method.input_type)
         response_cls = message_factory.GetMessageClass(method.output_type)
-        impl = getattr(servicer, method.name, None)
-        func = _guarded(method.name, impl) if impl is not None else _unimplemented(method.name)
+        impl = next((m for s in (servicer, *admin) if (m := getattr(s, method.name, None)) is not None), None)
+        if impl is None:
+            func = _unimplemented(method.name)
+        else:
+            func = impl if method.client_streaming else _guarded(method.name, impl)
         make = grpc.stream_stream_rpc_method_handler if method.client_streaming else grpc.unary_unary_rpc_method_handler
         handlers[method.name] = make(
             func,
@@ -209,11 +226,12 @@ async def bind_grpc_server(
     labels: LabelLookup | None = None,
     interceptors: Sequence[Any] = (),
     credentials: Any = None,
+    admin: Sequence[object] = (),
 ) -> tuple[grpc.aio.Server, int]:
     """Create, bind and start the server; returns it with the bound port (useful with `port=0`).
 
     `interceptors` (e.g. the gateway's auth/rate-limit interceptor) run before every RPC; `credentials`
-    (grpc.ssl_server_credentials) turn on TLS.
+    (grpc.ssl_server_credentials) turn on TLS; `admin` servicers add RPCs (server/grpc_admin.py).
     """
     cfg = config or GrpcServerConfig()
     options = [
@@ -223,7 +241,7 @@ async def bind_grpc_server(
     ]
     server = grpc.aio.server(options=options, interceptors=list(interceptors))
     server.add_generic_rpc_handlers(
-        (service_handler(InferenceServicer(dataplane, labels, cancel_grace_s=cfg.cancel_grace_s)),)
+        (service_handler(InferenceServicer(dataplane, labels, cancel_grace_s=cfg.cancel_grace_s), admin),)
     )
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:

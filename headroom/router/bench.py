@@ -17,6 +17,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -173,14 +174,13 @@ def live(requests: int = typer.Option(600, help="Requests per policy."),
     console.print(table)
 
 
-async def measure_scale(replicas: int, concurrency: int, duration_s: float, model: str) -> tuple[float, float]:
+async def measure_scale(replicas: int, concurrency: int, duration_s: float, model: str,
+                        model_repository: Path) -> tuple[float, float]:
     """(requests/s, p99 ms) through the router to `replicas` real `headroom serve` processes (closed loop)."""
-    from pathlib import Path
-
     from headroom.router.cli import serve_command
 
     router = Router([], ProxyConfig(policy="p2c", shedding=False, check_interval_s=0.2))
-    manager = LocalReplicaManager(serve_command(Path("models"), [model], 5.0), on_change=router.set_upstreams)
+    manager = LocalReplicaManager(serve_command(model_repository, [model], 5.0), on_change=router.set_upstreams)
     body = b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}'
     latencies: list[float] = []
     try:
@@ -208,13 +208,15 @@ async def measure_scale(replicas: int, concurrency: int, duration_s: float, mode
 def scale(max_replicas: int = typer.Option(3, help="Measure 1..max_replicas replicas."),
           concurrency: int = typer.Option(16, help="Closed-loop clients."),
           duration_s: float = typer.Option(10.0, help="Seconds of load per replica count."),
-          model: str = typer.Option("noop", help="Model from ./models with a 1-D FP32 input named `input`.")) -> None:
+          model: str = typer.Option("noop", help="Model with a 1-D FP32 input named `input`."),
+          model_repository: Path = typer.Option(Path("benchmarks/models"), help="Its repository (the noop "
+                                                "overhead probe lives in benchmarks/models).")) -> None:
     """Throughput and p99 through the router with 1, 2, ... real replicas (mind the machine's core count)."""
     console = Console()
     table = Table("replicas", "requests/s", "p99 ms", title=f"{model}, {concurrency} closed-loop clients")
     for n in range(1, max_replicas + 1):
         with console.status(f"{n} replica(s): starting and loading..."):
-            rps, p99 = asyncio.run(measure_scale(n, concurrency, duration_s, model))
+            rps, p99 = asyncio.run(measure_scale(n, concurrency, duration_s, model, model_repository))
         table.add_row(str(n), f"{rps:.0f}", f"{p99:.1f}")
     console.print(table)
 

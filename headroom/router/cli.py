@@ -1,7 +1,7 @@
 """`headroom route`: a router in front of N `headroom serve` replicas, local processes or Ray actors.
 
-    headroom route --replicas 2 --model noop                          # local processes on this machine
-    headroom route --backend ray --replicas 2 --model noop            # Ray actors on a local Ray cluster
+    headroom route --replicas 2 --model digits                        # local processes on this machine
+    headroom route --backend ray --replicas 2 --model digits          # Ray actors on a local Ray cluster
     headroom route --backend ray --ray-address auto --placement spread   # join an existing Ray cluster
 
 Both backends are replica managers with the same interface (`headroom.router.replicas.ReplicaFleet`), so the

@@ -173,11 +173,6 @@ deploy_app = typer.Typer(help="Write deployment manifests.", no_args_is_help=Tru
 _DEFAULTS = K8sConfig()
 
 
-@deploy_app.callback()
-def _deploy() -> None:
-    """Write deployment manifests: `headroom deploy k8s ...` (a group, so the documented spelling works)."""
-
-
 def from_fleet(fleet: FleetConfig) -> dict[str, Any]:
     """The K8sConfig fields a router.yaml decides: replicas, the autoscaler's range, per-pod targets from the
     replica capacity (75% of it, the autoscaler's scale-up point) and a grace period that covers the drain."""
@@ -191,6 +186,11 @@ def from_fleet(fleet: FleetConfig) -> dict[str, Any]:
         out["max_replicas"] = fleet.autoscaler.max_replicas
     out["router_config"] = dump_fleet_config(fleet)  # the router pods read the very same (validated) file
     return out
+
+
+@deploy_app.callback()
+def deploy() -> None:
+    """Write deployment manifests: `headroom deploy k8s` (a group, so the target is named as documented)."""
 
 
 @deploy_app.command("k8s")

@@ -39,12 +39,15 @@ from headroom.lifecycle.cascade_metrics import CascadeCollector
 from headroom.lifecycle.drift_feed import DriftFeed, DriftFeedConfig
 from headroom.lifecycle.offline import PredictionStore
 from headroom.lifecycle.residency import ResidencyConfig
-from headroom.models.repository import ModelRepository
+from headroom.models.repository import ModelRepository, RepositoryIndex
 from headroom.server.dataplane import DataPlane
 from headroom.server.gc_monitor import GcMonitor
+from headroom.server.grpc_admin import TritonAdminServicer
 from headroom.server.http_app import HttpApi, HttpLimits, build_http_app
 from headroom.server.metrics import ServerMetrics
 from headroom.server.model_manager import ModelManager, served_version
+from headroom.server.repository_poll import RepositoryPoller
+from headroom.server.triton_settings import TritonSettings
 
 log = logging.getLogger("headroom.server")
 
@@ -67,6 +70,9 @@ class ServerConfig:
     precomputed: Path | None = None  # SQLite store from `headroom batch`: answer from it before the model
     model_memory_budget_bytes: int = 0  # > 0: load models on demand under this budget, evict LRU (0 = load all)
     drift: DriftFeedConfig = field(default_factory=DriftFeedConfig)  # input-drift sampling and PSI threshold
+    model_control_mode: str = "none"  # Triton's: none | explicit (load/unload API open) | poll (watch the repo)
+    load_models: tuple[str, ...] = ("*",)  # explicit mode: the models loaded at start ("*" = all)
+    repository_poll_s: float = 15.0  # poll mode: seconds between repository scans
     freeze_gc_at_ready: bool = True  # gc.freeze() once the models are loaded: full collections then skip the
     #   start-up heap (each paused the process 190-270 ms, about once a minute under load; server/gc_monitor.py)
 
@@ -97,6 +103,7 @@ class Server:
         self._http: _UvicornServer | None = None
         self._grpc: Any = None
         self._load_task: asyncio.Task[None] | None = None
+        self._poll_task: asyncio.Task[None] | None = None
         self.http_port: int = config.http_port
         self.grpc_port: int = config.grpc_port
         self.load_error: BaseException | None = None
@@ -106,24 +113,35 @@ class Server:
         if not index_llm:
             return [], []
         from headroom.llm.factory import build_llm_service
+        from headroom.llm.generate import GenerateRoutes
         from headroom.llm.http import openai_routes
 
         routes: list[BaseRoute] = []
         cards: list[object] = []
+        servings = {}
         for entry in index_llm:
             service = build_llm_service(entry.config, self.registry)
             self._llm_services.append(service)
             self.dataplane.add_readiness_check(service)
+            self.dataplane.generative.add(entry.config, service)
             routes.extend(openai_routes(service.serving))
             cards.extend(service.serving.model_cards())
-        return routes, cards
+            servings[entry.config.name] = service.serving
+        generate = GenerateRoutes(servings, lambda name: bool(self.dataplane.loaded_versions(name)))
+        return [*routes, *generate.routes()], cards
 
     async def run(self, on_ready: Callable[[Server], None] | None = None) -> None:
         """Start everything, serve until SIGTERM/SIGINT or `stop()`, then drain and shut down."""
         self.gc_monitor.install()
         repo = ModelRepository(self.config.model_repository)
         index = repo.scan(self.config.models)
-        manager = ModelManager(repo, self.dataplane)
+        manager = ModelManager(repo, self.dataplane, self.config.model_control_mode, self.config.models)
+        if self.config.model_control_mode == "explicit" and "*" not in self.config.load_models:
+            unknown = set(self.config.load_models) - {e.name for e in (*index.models, *index.llm_models)}
+            if unknown:
+                raise ValueError(f"--load-model: no model directory named {sorted(unknown)} in {repo.root}")
+            index = RepositoryIndex(tuple(e for e in index.models if e.name in self.config.load_models),
+                                    tuple(e for e in index.llm_models if e.name in self.config.load_models))
         expected = [e.name for e in index.models]
         if self.config.model_memory_budget_bytes > 0:
             residency = manager.enable_budget(index, ResidencyConfig(self.config.model_memory_budget_bytes),
@@ -133,7 +151,8 @@ class Server:
         self.dataplane.attach_lifecycle(manager.residency, self.drift)
         self.dataplane.expect(expected)
         llm_routes, cards = self._llm_routes(index.llm_models)
-        api = HttpApi(self.dataplane, self.registry, self.config.limits, cards, manager)
+        api = HttpApi(self.dataplane, self.registry, self.config.limits, cards, manager,
+                      TritonSettings(self.config.trace_spans_file))
         gw = self.config.gateway
         self.limiter = RateLimiter(gw.config.rate_limits, gw.config.tenant_rate_limits)
         provider = file_tracer_provider(self.config.trace_spans_file) if self.config.trace_spans_file else None
@@ -164,7 +183,8 @@ class Server:
             creds = grpc_server_credentials(self.config.tls) if self.config.tls is not None else None
             self._grpc, self.grpc_port = await bind_grpc_server(
                 self.dataplane, self.config.host, self.config.grpc_port, labels=self.dataplane.labels,
-                interceptors=[interceptor], credentials=creds)
+                interceptors=[interceptor], credentials=creds,
+                admin=[TritonAdminServicer(api.triton)])
         self._load_task = asyncio.create_task(self._load(repo, index, manager, on_ready), name="model-loader")
         try:
             await self._stop.wait()
@@ -186,6 +206,10 @@ class Server:
             log.error("model loading failed: %s", exc)
             return
         log.info("ready: models %s", ", ".join(self.dataplane.model_names()))
+        if self.config.model_control_mode == "poll":
+            poller = RepositoryPoller(repo.root, manager, self.config.repository_poll_s,
+                                      skip=[e.name for e in index.llm_models], names=self.config.models)
+            self._poll_task = asyncio.create_task(poller.run(), name="repository-poll")
         if self.config.freeze_gc_at_ready:
             self.gc_monitor.freeze_heap()
         if on_ready is not None:
@@ -213,10 +237,11 @@ class Server:
         deadline = self.clock.now_s() + self.config.drain_timeout_s
         while self.dataplane.inflight > 0 and self.clock.now_s() < deadline:
             await asyncio.sleep(0.02)
-        if self._load_task is not None:
-            self._load_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._load_task
+        for task in (self._load_task, self._poll_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._grpc is not None:
             from headroom.protocol.grpc_service import stop_grpc_server
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine, Mapping, Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from headroom.batching.policy import BatchPolicyConfig
 from headroom.batching.queue import BatchResult
 from headroom.core.clock import Clock
 from headroom.core.dataplane import DisconnectWatcher, ModelMetadata, ServerMetadata, TensorMetadata
-from headroom.core.errors import Cancelled, HeadroomError, InvalidRequest, ModelNotFound, NotReady
+from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound, NotReady
 from headroom.core.types import InferenceRequest, InferenceResponse, StageTimings, Tensor, v2_datatype
 from headroom.lifecycle.drift_feed import DriftFeed
 from headroom.lifecycle.offline import PredictionLookup, PredictionStore
@@ -32,11 +32,14 @@ from headroom.models.base import ColdStartStage, Model
 from headroom.models.classification import ImageClassifier, classification_response
 from headroom.models.config import ModelConfig
 from headroom.protocol.validation import validate_against
+from headroom.server.disconnect import race_disconnect
+from headroom.server.generative import GenerativeModels
 from headroom.server.metrics import ModelObserver, ServerMetrics
 
 log = logging.getLogger("headroom.access")
 
-EXTENSIONS = ("binary_tensor_data", "classification", "model_repository", "statistics")
+EXTENSIONS = ("binary_tensor_data", "classification", "logging", "model_configuration", "model_repository",
+              "statistics", "trace", "generate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +83,7 @@ class _Slot:
         self.labels = ({outputs[0].name: [str(x) for x in raw]}
                        if isinstance(raw, list | tuple) and outputs else None)
         self.batcher = batcher
-        self.observer = observer
-        self.success = 0  # requests answered with a result
-        self.failure = 0  # requests answered with an error after resolving to this version
-        self.success_total_s = 0.0  # summed end-to-end time of successful requests
+        self.observer = observer  # its `stats` are this version's Triton statistics
 
 
 class DataPlane:
@@ -101,6 +101,7 @@ class DataPlane:
         self._inflight = 0
         self._residency: Residency | None = None  # on-demand loading under a memory budget (lifecycle)
         self._drift: DriftFeed | None = None  # input-drift monitors fed with served inputs (lifecycle)
+        self.generative = GenerativeModels()  # LLMs: metadata, readiness and config on the V2 routes
 
     def attach_lifecycle(self, residency: Residency | None, drift: DriftFeed | None) -> None:
         """Load models on demand through `residency`; sample served inputs into `drift`."""
@@ -202,12 +203,16 @@ class DataPlane:
         versions = self._slots.get(name)
         if not versions:
             known = ", ".join(sorted(self._slots)) or "none"
-            raise ModelNotFound(f"unknown model '{name}' (served models: {known})")
+            if name in self.generative:
+                raise InvalidRequest(f"model '{name}' is a generative model served by the LLM engine: use "
+                                     f"/v2/models/{name}/generate or the OpenAI routes (/v1/chat/completions)")
+            raise ModelNotFound(f"Request for unknown model: '{name}' is not found (served models: {known})")
         if not version:
             return versions[max(versions, key=_version_key)]
         if version not in versions:
             loaded = ", ".join(sorted(versions))
-            raise ModelNotFound(f"model '{name}' has no version '{version}' (loaded: {loaded})")
+            raise ModelNotFound(f"Request for unknown model: '{name}' version {version} is not found "
+                                f"(loaded versions: {loaded})")
         return versions[version]
 
     def served(self, name: str, version: str = "") -> ServedVersion:
@@ -216,8 +221,14 @@ class DataPlane:
             return ServedVersion(name=name, version=version, config=cfg, model=NotResidentModel(cfg))
         return self._slot(name, version).served
 
+    def model_config(self, name: str, version: str = "") -> ModelConfig:
+        """The config of a served version (or of a generative model, which has no versions)."""
+        if name in self.generative and name not in self._slots:
+            return self.generative.config(name, version)
+        return self.served(name, version).config  # from the config alone while not resident (memory budget)
+
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
-        cfg = self.served(name, version).config  # from the config alone while not resident (memory budget)
+        cfg = self.model_config(name, version)
         lead = (-1,) if cfg.max_batch_size > 0 else ()
         return ModelMetadata(
             name=name,
@@ -235,29 +246,21 @@ class DataPlane:
             return None
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        if name in self.generative and name not in self._slots:
+            return bool(self.generative.config(name, version) and not self._draining and self.generative.ready(name))
         if self._residency is not None and self._residency.not_resident_config(name) is not None:
             return False  # known, loads on the next request
         self._slot(name, version)
         return not self._draining
 
     def model_stats(self, name: str = "", version: str = "") -> list[dict[str, object]]:
-        """Per-version statistics (the V2 statistics extension, Triton-like field names; times in ns)."""
+        """Per-version statistics in Triton's schema (server/statistics.py), + queue_depth and cold_start."""
         slots = [self._slot(name, version)] if name else [s for v in self._slots.values() for s in v.values()]
-        out: list[dict[str, object]] = []
-        for slot in slots:
-            obs = slot.observer
-            out.append({
-                "name": slot.served.name, "version": slot.served.version,
-                "inference_count": obs.inference_count, "execution_count": obs.execution_count,
-                "inference_stats": {
-                    "success": {"count": slot.success, "ns": int(slot.success_total_s * 1e9)},
-                    "fail": {"count": slot.failure},
-                    "compute_infer": {"count": obs.execution_count, "ns": int(obs.compute_total_s * 1e9)},
-                },
-                "queue_depth": slot.batcher.admitted,
-                "cold_start": [{"stage": s.name, "seconds": s.duration_s} for s in slot.served.cold_start],
-            })
-        return out
+        return [{
+            **slot.observer.stats.to_json(slot.served.name, slot.served.version),
+            "queue_depth": slot.batcher.admitted,
+            "cold_start": [{"stage": s.name, "seconds": s.duration_s} for s in slot.served.cold_start],
+        } for slot in slots]
 
     def queue_depth(self, name: str) -> int:
         return sum(s.batcher.admitted for s in self._slots.get(name, {}).values())
@@ -280,15 +283,14 @@ class DataPlane:
                 response = await self._infer(slot, request, start_s, disconnected, swap_wait_s)
         except HeadroomError as exc:
             if slot is not None:
-                slot.failure += 1
+                slot.observer.stats.on_failure(self._clock.now_s() - start_s)
             self._metrics.observe_request(name, version, _outcome(exc), None)
             self._log(request, version, exc.http_status, start_s, exc.reason)
             raise
         finally:
             self._metrics.inflight.dec()
             self._inflight -= 1
-        slot.success += 1
-        slot.success_total_s += response.timings.total_ms / 1e3
+        slot.observer.stats.on_success(response.timings, response.batch_size, time.time_ns() // 1_000_000)
         self._metrics.observe_request(name, version, "success", response.timings)
         self._log(request, version, 200, start_s, "ok")
         return response
@@ -318,7 +320,7 @@ class DataPlane:
             inputs, params, deadline_s=start_s + swap_wait_s + timeout_ms / 1e3, priority=priority,
             group=str(params.get("frame_id", "")), stream=str(params.get("stream_id", "")),
         )
-        result = await _race_disconnect(submit, disconnected, cfg.name)
+        result = await race_disconnect(submit, disconnected, cfg.name)
         return self._response(slot, request, result, start_s)
 
     def _response(self, slot: _Slot, request: InferenceRequest, result: BatchResult,
@@ -358,7 +360,6 @@ class DataPlane:
                 "duration_ms": round((self._clock.now_s() - start_s) * 1e3, 3),
             }})
 
-
     async def classify_image(self, name: str, version: str, image: bytes, top_k: int, min_confidence: float,
                              disconnected: DisconnectWatcher | None = None) -> tuple[dict[str, object], StageTimings]:
         """The raw-image route: decode → the model's batched pipeline → top-k labelled predictions."""
@@ -391,41 +392,3 @@ def validate_inputs(request: InferenceRequest, cfg: ModelConfig) -> Mapping[str,
     """Check names, datatypes and shapes against the config (headroom.protocol.validation); name → array."""
     validate_against(request, cfg)
     return {t.name: t.data for t in request.inputs}
-
-
-async def _race_disconnect(submit: Coroutine[Any, Any, BatchResult], disconnected: DisconnectWatcher | None,
-                           name: str) -> BatchResult:
-    """Await the batcher; if the client goes away first, cancel (drop from the queue) and raise Cancelled.
-
-    The batcher runs in this task (no extra task and no `asyncio.wait` per request): the watcher, when the
-    client disconnects, cancels this task, and the CancelledError is turned into Cancelled here.
-    """
-    if disconnected is None:
-        return await submit
-    current = asyncio.current_task()
-    if current is None:
-        raise RuntimeError("_race_disconnect must run inside a task")
-    gone = finished = False
-
-    def on_watcher_done(watcher: asyncio.Future[None]) -> None:
-        nonlocal gone
-        if watcher.cancelled():
-            return
-        watcher.exception()  # retrieved: a receive() that failed means the connection is gone too
-        if finished:
-            return
-        gone = True
-        current.cancel()
-
-    watcher = asyncio.ensure_future(disconnected())
-    watcher.add_done_callback(on_watcher_done)
-    try:
-        return await submit
-    except asyncio.CancelledError:
-        if not gone:
-            raise
-        current.uncancel()
-        raise Cancelled(f"client disconnected; request to '{name}' dropped") from None
-    finally:
-        finished = True
-        watcher.cancel()

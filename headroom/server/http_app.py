@@ -1,4 +1,5 @@
-"""The HTTP transport: KServe V2 REST, OpenAI embeddings/models, /metrics, /openapi.json.
+"""The HTTP transport: KServe V2 REST (+ Triton's extensions: server/triton_routes.py), OpenAI
+embeddings/models, /metrics, /openapi.json.
 
 Handlers only translate: bytes ↔ `headroom.core.types` via `headroom.protocol.v2_http`, then one call into
 the data plane. Status codes come from the error tree (headroom.core.errors), never from handlers.
@@ -22,7 +23,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from headroom.core.dataplane import ModelMetadata
-from headroom.core.errors import HeadroomError, InvalidRequest, NotReady, PayloadTooLarge
+from headroom.core.errors import HeadroomError, InvalidRequest, PayloadTooLarge
 from headroom.core.types import InferenceRequest, Tensor
 from headroom.protocol.v2_http import decode_infer_request, encode_infer_response
 from headroom.server.dataplane import DataPlane
@@ -30,6 +31,8 @@ from headroom.server.http_errors import error_response, headroom_error_handler, 
 from headroom.server.model_manager import ModelManager
 from headroom.server.openapi import openapi_document
 from headroom.server.timing import server_timing_header
+from headroom.server.triton_routes import TritonApi
+from headroom.server.triton_settings import TritonSettings
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -88,9 +91,11 @@ class HttpApi:
     """Route handlers bound to one data plane."""
 
     def __init__(self, dataplane: DataPlane, registry: CollectorRegistry, limits: HttpLimits,
-                 llm_model_cards: Sequence[object] = (), manager: ModelManager | None = None) -> None:
+                 llm_model_cards: Sequence[object] = (), manager: ModelManager | None = None,
+                 settings: TritonSettings | None = None) -> None:
         self.dp = dataplane
         self.manager = manager
+        self.triton = TritonApi(dataplane, manager, settings or TritonSettings())  # Triton's extensions
         self.registry = registry
         self.limits = limits
         self.llm_cards = llm_model_cards
@@ -119,23 +124,6 @@ class HttpApi:
     async def stats(self, request: Request) -> Response:
         p = request.path_params
         return _json({"model_stats": self.dp.model_stats(p.get("model", ""), p.get("version", ""))})
-
-    # --- V2 model repository extension -----------------------------------------------------------------
-    def _manager(self) -> ModelManager:
-        if self.manager is None:
-            raise NotReady("this server was started without a model repository manager")
-        return self.manager
-
-    async def repository_index(self, request: Request) -> Response:
-        return _json(self._manager().index())
-
-    async def repository_load(self, request: Request) -> Response:
-        await self._manager().load(request.path_params["model"])
-        return _json({})
-
-    async def repository_unload(self, request: Request) -> Response:
-        await self._manager().unload(request.path_params["model"])
-        return _json({})
 
     async def metrics(self, request: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
@@ -255,9 +243,7 @@ class HttpApi:
             r("/v2/models/{model}/versions/{version}/classify", self.classify_image, methods=["POST"]),
             r("/v2/models/{model}/versions/{version}/ready", self.model_ready, methods=["GET"]),
             r("/v2/models/{model}/versions/{version}/infer", self.infer, methods=["POST"]),
-            r("/v2/repository/index", self.repository_index, methods=["GET", "POST"]),
-            r("/v2/repository/models/{model}/load", self.repository_load, methods=["POST"]),
-            r("/v2/repository/models/{model}/unload", self.repository_unload, methods=["POST"]),
+            *self.triton.routes(),
             r("/v1/embeddings", self.embeddings, methods=["POST"]),
             r("/v1/models", self.models, methods=["GET"]),
             r("/metrics", self.metrics, methods=["GET"]),

@@ -28,6 +28,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from headroom.core.types import StageTimings
+from headroom.server.statistics import TritonStatistics
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -90,7 +91,8 @@ class ServerMetrics:
 
 
 class ModelObserver:
-    """Adapts batcher events for one model to ServerMetrics (implements BatcherObserver)."""
+    """Adapts batcher events for one model version to ServerMetrics and to its Triton statistics
+    (implements BatcherObserver)."""
 
     def __init__(self, metrics: ServerMetrics, model: str, instances: int) -> None:
         self._m = metrics
@@ -102,6 +104,7 @@ class ModelObserver:
         self.inference_count = 0  # items executed (sum of batch sizes)
         self.compute_total_s = 0.0  # summed predict time
         self._depth: Gauge | None = None  # the queue-depth gauge's child for this model
+        self.stats = TritonStatistics()  # the statistics extension's counters for this version
 
     def on_queue_depth(self, depth: int) -> None:
         if self._depth is None:  # looked up on first use, so the series appears with the first request
@@ -112,6 +115,7 @@ class ModelObserver:
         self.execution_count += 1
         self.inference_count += batch_size
         self.compute_total_s += compute_s
+        self.stats.on_batch(batch_size, compute_s)
         self._m.batch_size.labels(self._model).observe(batch_size)
         self._m.batch_requests.labels(self._model).observe(num_requests)
         self._m.window.labels(self._model).set(window_s)

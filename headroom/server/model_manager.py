@@ -8,23 +8,34 @@ With a memory budget (`serve --model-memory-budget-mb`), `enable_budget` hands a
 unloader below: models load on demand and the least recently used idle ones are evicted (see
 headroom/lifecycle/residency.py). The repository API keeps working: an explicit load of a model that is not
 resident goes through the budget; an unload frees its share (the next request brings it back).
+
+Model control follows Triton (`serve --model-control-mode`): `none` (the default) and `poll` refuse load and
+unload with Triton's error; `explicit` allows them. A load may carry Triton's `config` override, applied to
+that load (headroom.protocol.triton_config) or refused naming the key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry
 
 from headroom.core.clock import Clock
-from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound
+from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound, NotReady
 from headroom.lifecycle.memory_budget import model_size_bytes
 from headroom.lifecycle.residency import Residency, ResidencyConfig
 from headroom.models.repository import LoadedModel, ModelEntry, ModelRepository, RepositoryIndex
+from headroom.protocol.triton_config import apply_config_override
 from headroom.server.dataplane import DataPlane, ServedVersion
 
 log = logging.getLogger("headroom.models")
+
+MODEL_CONTROL_MODES = ("none", "explicit", "poll")
+#: Triton's error (UNAVAILABLE) for a load/unload outside explicit mode, in every mode but explicit.
+CONTROL_REFUSED = "explicit model load / unload is not allowed if polling is enabled"
 
 
 def served_version(loaded: LoadedModel) -> ServedVersion:
@@ -41,9 +52,14 @@ def entry_size_bytes(entry: ModelEntry) -> int:
 class ModelManager:
     """Loads and unloads tensor models from one repository into one data plane (one operation at a time)."""
 
-    def __init__(self, repository: ModelRepository, dataplane: DataPlane) -> None:
+    def __init__(self, repository: ModelRepository, dataplane: DataPlane, control_mode: str = "none",
+                 served: tuple[str, ...] | None = None) -> None:
+        if control_mode not in MODEL_CONTROL_MODES:
+            raise ValueError(f"model control mode {control_mode!r} is not one of {', '.join(MODEL_CONTROL_MODES)}")
         self._repo = repository
         self._dp = dataplane
+        self.control_mode = control_mode
+        self._served = served  # `serve --model` names: the only directories this server lists and loads
         self._lock = asyncio.Lock()
         self._failed: dict[str, str] = {}
         self._entries: dict[str, ModelEntry] = {}
@@ -73,11 +89,16 @@ class ModelManager:
         for served in await self._dp.remove(name):
             await asyncio.to_thread(served.model.unload)
 
-    def index(self) -> list[dict[str, str]]:
-        """Every model directory with its state: READY (with version), UNAVAILABLE (with the reason)."""
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model this server serves with its state: READY (with version), UNAVAILABLE (with the
+        reason); `ready_only` keeps the READY rows (Triton's `{"ready": true}`)."""
+        rows = self._index()
+        return [r for r in rows if r["state"] == "READY"] if ready_only else rows
+
+    def _index(self) -> list[dict[str, str]]:
         rows: list[dict[str, str]] = []
         try:
-            entries = self._repo.scan()
+            entries = self._repo.scan(self._served)
         except ValueError as exc:
             raise HeadroomError(f"the model repository cannot be scanned: {exc}") from None
         for entry in (*entries.models, *entries.llm_models):
@@ -85,7 +106,10 @@ class ModelManager:
             if loaded:
                 rows.extend({"name": entry.name, "version": v, "state": "READY", "reason": ""} for v in loaded)
             elif entry.config.backend == "llm":
-                rows.append({"name": entry.name, "version": "", "state": "READY", "reason": "LLM engine"})
+                ready = self._dp.generative.ready(entry.name)
+                state = "READY" if ready else "UNAVAILABLE"
+                reason = "LLM engine" if ready else "LLM engine not ready" if ready is False else "not served"
+                rows.append({"name": entry.name, "version": "", "state": state, "reason": reason})
             elif self.residency is not None and self.residency.manages(entry.name) and entry.name not in self._failed:
                 rows.append({"name": entry.name, "version": "", "state": "UNAVAILABLE",
                              "reason": "not resident (memory budget): the next request loads it"})
@@ -94,10 +118,25 @@ class ModelManager:
                              "reason": self._failed.get(entry.name, "unloaded")})
         return rows
 
-    async def load(self, name: str) -> list[str]:
-        """Load (or reload) `name`'s selected versions; returns the versions now serving."""
+    def _check_control(self, name: str) -> None:
+        if self.control_mode != "explicit":
+            raise NotReady(f"{CONTROL_REFUSED} (this server runs with --model-control-mode {self.control_mode}; "
+                           f"start it with --model-control-mode explicit to load and unload '{name}')")
+        if self._served is not None and name not in self._served:
+            raise ModelNotFound(f"Request for unknown model: '{name}' is not found (this server serves only "
+                                f"{', '.join(self._served)}: serve --model)")
+
+    async def load(self, name: str, config_override: Mapping[str, object] | None = None) -> list[str]:
+        """Load (or reload) `name`'s selected versions, with Triton's `config` override applied to this load
+        (or refused); returns the versions now serving. Only in explicit model-control mode."""
+        self._check_control(name)
+        return await self.reload(name, config_override)
+
+    async def reload(self, name: str, config_override: Mapping[str, object] | None = None) -> list[str]:
+        """`load` without the model-control check (the repository poller uses it)."""
         residency = self.residency
-        if residency is not None and residency.manages(name) and not residency.is_resident(name):
+        if config_override is None and residency is not None and residency.manages(name) \
+                and not residency.is_resident(name):
             async with residency.use(name):  # through the budget: may evict idle models
                 return self._dp.loaded_versions(name)
         async with self._lock:
@@ -107,6 +146,14 @@ class ModelManager:
                 raise (ModelNotFound if "no model directory" in str(exc) else InvalidRequest)(str(exc)) from None
             if not index.models:
                 raise InvalidRequest(f"model '{name}' is served by the LLM engine and cannot be reloaded here")
+            if config_override is not None:
+                entry = index.models[0]
+                config = apply_config_override(entry.config, config_override)
+                versions = config.version_policy.select(entry.available_versions)
+                if not versions:
+                    raise InvalidRequest(f"config override: version_policy selects none of the versions on "
+                                         f"disk {list(entry.available_versions)}")
+                index = RepositoryIndex((dataclasses.replace(entry, config=config, versions=versions),), ())
             try:
                 loaded = await self._repo.load_async(index)
             except ValueError as exc:
@@ -122,6 +169,14 @@ class ModelManager:
             return self._dp.loaded_versions(name)
 
     async def unload(self, name: str) -> None:
+        """Stop serving `name` (explicit model-control mode only)."""
+        self._check_control(name)
+        if self._dp.generative.ready(name) is not None:
+            raise InvalidRequest(f"model '{name}' is served by the LLM engine and cannot be unloaded here")
+        await self.remove(name)
+
+    async def remove(self, name: str) -> None:
+        """`unload` without the model-control check (the repository poller uses it)."""
         async with self._lock:
             for served in await self._dp.remove(name):
                 await asyncio.to_thread(served.model.unload)

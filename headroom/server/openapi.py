@@ -77,6 +77,11 @@ def _model_paths(prefix: str, with_version: bool) -> dict[str, Any]:
                 "predictions": {"type": "array"}, "model_version": {"type": "string"},
                 "inference_time_ms": {"type": "number"}}}), **_errors(400, 404, 413, 503, 504)},
         }},
+        f"{prefix}/config": {"get": {"summary": "Model configuration in Triton's schema", "parameters": params,
+                                     "responses": {**_ok({"type": "object"}), **_errors(400, 404)}}},
+        f"{prefix}/generate": {"post": _generate("Generate text (Triton's generate extension)", params)},
+        f"{prefix}/generate_stream": {"post": _generate("Generate text as server-sent events", params,
+                                                        "text/event-stream")},
         f"{prefix}/infer": {"post": {
             "summary": "Inference (JSON tensors, or the binary tensor data extension)",
             "parameters": [*params,
@@ -90,6 +95,56 @@ def _model_paths(prefix: str, with_version: bool) -> dict[str, Any]:
             "responses": {**_ok(_INFER_RESPONSE), **_errors(400, 404, 413, 422, 429, 503, 504)},
         }},
     }
+
+
+def _generate(summary: str, params: list[dict[str, Any]], media: str = "application/json") -> dict[str, Any]:
+    body = {"type": "object", "required": ["text_input"], "properties": {
+        "text_input": {"type": "string"}, "parameters": {"type": "object"}}}
+    ok = {"200": {"description": "OK", "content": {media: {"schema": {"type": "object"} if media.endswith("json")
+                                                            else {"type": "string"}}}}}
+    return {"summary": summary, "parameters": params,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+            "responses": {**ok, **_errors(400, 404, 413, 429, 503, 504)}}
+
+
+def _triton_paths() -> dict[str, Any]:
+    """Triton's extensions beside the V2 core: repository, shared memory, trace and log settings."""
+    obj = {"type": "object"}
+    load_body = {"type": "object", "properties": {"parameters": {"type": "object", "properties": {
+        "config": {"type": "string", "description": "Triton model-config JSON, applied or refused"}}}}}
+    admin = _errors(400, 401, 403, 404, 503)  # 503: --model-control-mode none|poll refuses (Triton's error)
+    region = [{"name": "kind", "in": "path", "required": True, "schema": {"enum": ["system", "cuda"]}},
+              {"name": "region", "in": "path", "required": True, "schema": {"type": "string"}}]
+    paths: dict[str, Any] = {
+        "/v2/repository/index": {
+            "post": {"summary": "Model repository index ({\"ready\": true} keeps READY models)",
+                     "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                         "type": "object", "properties": {"ready": {"type": "boolean"}}}}}},
+                     "responses": {**_ok({"type": "array"}), **_errors(400, 500)}},
+            "get": {"summary": "Model repository index", "responses": {**_ok({"type": "array"}), **_errors(500)}}},
+        "/v2/repository/models/{model}/load": {"post": {
+            "summary": "Load or reload a model, optionally with a config override (explicit model control)",
+            "parameters": _model_params(False),
+            "requestBody": {"required": False, "content": {"application/json": {"schema": load_body}}},
+            "responses": {**_ok(obj), **admin}}},
+        "/v2/repository/models/{model}/unload": {"post": {
+            "summary": "Unload a model (explicit model control; admin when authentication is on)",
+            "parameters": _model_params(False), "responses": {**_ok(obj), **admin}}},
+        "/v2/{kind}sharedmemory/status": {"get": {
+            "summary": "Registered shared-memory regions (none: headroom takes tensors in the request)",
+            "parameters": region[:1], "responses": {**_ok({"type": "array"}), **_errors(400)}}},
+        "/v2/{kind}sharedmemory/region/{region}/register": {"post": {
+            "summary": "Register a region: refused (400), shared memory is not supported",
+            "parameters": region, "responses": {**_ok(obj), **_errors(400)}}},
+        "/v2/{kind}sharedmemory/region/{region}/unregister": {"post": {
+            "summary": "Unregister a region", "parameters": region, "responses": {**_ok(obj), **_errors(400)}}},
+        "/v2/logging": {"get": {"summary": "Log settings", "responses": _ok(obj)},
+                        "post": {"summary": "Update log settings", "responses": {**_ok(obj), **_errors(400)}}},
+        "/v2/trace/setting": {"get": {"summary": "Trace settings", "responses": _ok(obj)},
+                              "post": {"summary": "Update trace settings (only to the current values)",
+                                       "responses": {**_ok(obj), **_errors(400)}}},
+    }
+    return paths
 
 
 def openapi_document() -> dict[str, Any]:
@@ -114,17 +169,7 @@ def openapi_document() -> dict[str, Any]:
             "responses": {**_ok(flag), **_errors(400, 404, 413, 503, 504, openai=True)}}},
         "/v2/models/stats": {"get": {"summary": "Statistics of every model",
                                      "responses": _ok({"type": "object"})}},
-        "/v2/repository/index": {
-            "post": {"summary": "Model repository index", "responses": {**_ok({"type": "array"}), **_errors(500)}},
-            "get": {"summary": "Model repository index", "responses": {**_ok({"type": "array"}), **_errors(500)}}},
-        "/v2/repository/models/{model}/load": {"post": {
-            "summary": "Load or reload a model (admin when authentication is on)",
-            "parameters": _model_params(False),
-            "responses": {**_ok({"type": "object"}), **_errors(400, 401, 403, 404)}}},
-        "/v2/repository/models/{model}/unload": {"post": {
-            "summary": "Unload a model (admin when authentication is on)",
-            "parameters": _model_params(False),
-            "responses": {**_ok({"type": "object"}), **_errors(400, 401, 403, 404)}}},
+        **_triton_paths(),
         "/metrics": {"get": {"summary": "Prometheus metrics",
                              "responses": {"200": {"description": "text exposition format"}}}},
     }

@@ -173,7 +173,8 @@ def scrape(url: str, model: str) -> dict[str, float]:
     stats = httpx.get(f"{url}/v2/models/{model}/stats", timeout=5.0).json()["model_stats"]
     out["executions"] = float(sum(s["execution_count"] for s in stats))
     out["inferences"] = float(sum(s["inference_count"] for s in stats))
-    out["compute_s"] = sum(s["inference_stats"]["compute_infer"]["ns"] for s in stats) / 1e9
+    # Triton's inference_stats.compute_infer counts per request; batch_stats counts each executed batch once
+    out["compute_s"] = sum(b["compute_infer"]["ns"] for s in stats for b in s["batch_stats"]) / 1e9
     return out
 
 

@@ -29,7 +29,8 @@ def test_every_bench_only_module_maps_to_the_bench_extra() -> None:
 
 
 def test_missing_extra_at_import_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "hdrh", None)  # import of it now raises ModuleNotFoundError
+    for name in [m for m in sys.modules if m == "hdrh" or m.startswith("hdrh.")] + ["hdrh"]:
+        monkeypatch.setitem(sys.modules, name, None)  # importing it (or a submodule) now raises
     for name in [m for m in sys.modules if m.startswith(("headroom.cli.bench", "headroom.loadgen"))]:
         monkeypatch.delitem(sys.modules, name)
     result = CliRunner().invoke(cli_main.app, ["bench", "run", "--rate", "5"])

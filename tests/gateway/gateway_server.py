@@ -61,7 +61,7 @@ async def main(cfg: dict[str, Any]) -> None:
     registry = CollectorRegistry()
     dataplane = DataPlane(ServerMetrics(registry), MonotonicClock())
     dataplane.expect([e.name for e in index.models])
-    api = HttpApi(dataplane, registry, HttpLimits(), (), ModelManager(repo, dataplane))
+    api = HttpApi(dataplane, registry, HttpLimits(), (), ModelManager(repo, dataplane, "explicit"))
     app = build_http_app(
         api,
         [Route("/test/stream", stream, methods=["GET"]), Route("/admin/ping", admin_ping, methods=["GET"])],

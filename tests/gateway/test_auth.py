@@ -84,6 +84,11 @@ def test_admin_paths_and_roles() -> None:
     assert required_role("/admin/scale", admin) == "admin"
     assert required_role("/administrator", admin) == "user"
     assert required_role("/v2/models/echo/infer", admin) == "user"
+    for path in ("/v2/logging", "/v2/trace/setting", "/v2/models/echo/trace/setting",
+                 "/v2/systemsharedmemory/region/r/register", "/v2/cudasharedmemory/status"):
+        assert required_role(path, admin) == "admin", path  # as their gRPC RPCs
+    assert required_role("/v2/models/echo/config", admin) == "user"
+    assert required_role("/v2/repository/index", admin) == "user"
     authorize(Principal("t", "admin", "00000000"), "admin")
     authorize(Principal("t", "user", "00000000"), "user")
     with pytest.raises(Forbidden):

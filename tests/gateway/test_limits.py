@@ -17,6 +17,7 @@ from headroom.gateway.limits import (
     check_model_name,
     check_model_path,
     check_openai_body,
+    is_llm_path,
 )
 
 
@@ -125,3 +126,15 @@ def test_bad_limits_are_refused() -> None:
         InputLimits(max_body_bytes=-1)
     with pytest.raises(ValueError):
         InputLimits(body_timeout_s=-1)
+
+
+def test_triton_generate_counts_as_an_llm_request() -> None:
+    limits = InputLimits(max_tokens=100, max_prompt_chars=50)
+    body = {"text_input": "x" * 40, "parameters": {"max_tokens": 20}}
+    assert is_llm_path("/v2/models/smollm2/generate") and is_llm_path("/v2/models/m/versions/1/generate_stream")
+    assert not is_llm_path("/v2/models/smollm2/infer") and is_llm_path("/v1/chat/completions")
+    assert check_openai_body("/v2/models/smollm2/generate", json.dumps(body).encode(), limits) == 11 + 20
+    for bad in ({"text_input": "z" * 51}, {"text_input": "a", "max_tokens": 101},
+                {"text_input": "a", "parameters": {"max_tokens": 101}}):
+        with pytest.raises(InvalidRequest):
+            check_openai_body("/v2/models/smollm2/generate_stream", json.dumps(bad).encode(), limits)

@@ -49,7 +49,7 @@ def schemathesis(
 
 def test_headroom_serve_conforms_to_its_openapi(tmp_path: Path) -> None:
     repo = build_test_repository(tmp_path / "repo")
-    with run_server(repo, tmp_path) as server:
+    with run_server(repo, tmp_path, ["--model-control-mode", "explicit"]) as server:  # none: load/unload 503
         result = schemathesis(
             server.url,
             tmp_path,

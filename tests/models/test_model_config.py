@@ -53,3 +53,18 @@ def test_default_warmup_inputs_follow_the_declared_specs() -> None:
 def test_non_batching_model_warmup_has_no_batch_dimension() -> None:
     model = Model(parse_model_config({**BASE, "max_batch_size": 0}, "m"))
     assert model.warmup_inputs(1)["pixels"].shape == (2, 1)
+
+
+@pytest.mark.parametrize(("patch", "needle"), [
+    ({"max_batch_sise": 8}, "unknown key 'max_batch_sise'; did you mean 'max_batch_size'?"),
+    ({"input": []}, "unknown key 'input'; did you mean 'inputs'?"),
+    ({"dynamic_batching": {"max_queue_delay": 2}}, "dynamic_batching: unknown key 'max_queue_delay'; did you mean "
+                                                   "'max_queue_delay_ms'?"),
+    ({"warmup": {"batch_size": [1]}}, "warmup: unknown key 'batch_size'; did you mean 'batch_sizes'?"),
+    ({"outputs": [{"name": "y", "datatype": "FP32", "shape": [1], "dtype": "x"}]}, "outputs[0]: unknown key 'dtype'"),
+    ({"zzz": 1}, "unknown key 'zzz' (known: backend,"),
+])
+def test_unknown_keys_are_refused_with_a_did_you_mean(patch: dict[str, object], needle: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_model_config({**BASE, **patch}, "m")
+    assert needle in str(info.value)

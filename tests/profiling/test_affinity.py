@@ -57,7 +57,7 @@ def test_serve_pins_the_server_process(tmp_path: Path) -> None:
     log = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "headroom"), "serve", "--cpus", "0", "--model-repository",
-         str(PROJECT / "models"), "--model", "noop", "--http-port", "0", "--grpc-port", "-1"],
+         str(PROJECT / "benchmarks" / "models"), "--model", "noop", "--http-port", "0", "--grpc-port", "-1"],
         stdout=log, stderr=subprocess.STDOUT,
     )
     try:

@@ -49,7 +49,7 @@ def test_minilm_variants_use_the_runtime_aware_torch_class() -> None:
 
 
 def test_a_model_without_the_other_engine_says_so() -> None:
-    config = load_model_config(PROJECT_MODELS / "noop")
+    config = load_model_config(PROJECT_MODELS.parent / "benchmarks" / "models" / "noop")
     with pytest.raises(ValueError, match=r"'noop' \(backend python.*has no eager variant"):
         runtime_variant(config, "eager", threads=1)
 

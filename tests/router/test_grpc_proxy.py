@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 import grpc.aio
 import numpy as np
-import pytest
 
 from headroom.core.dataplane import DisconnectWatcher, ModelMetadata, ServerMetadata, TensorMetadata
 from headroom.core.types import InferenceRequest, InferenceResponse, Tensor
@@ -119,16 +118,16 @@ async def test_errors_from_a_replica_keep_their_status() -> None:
             raise AssertionError("an empty ModelInfer must fail")
 
 
-async def test_stream_calls_are_relayed_with_the_replicas_status() -> None:
-    """headroom's server does not implement ModelStreamInfer: the proxy relays that status unchanged."""
+async def test_stream_calls_are_relayed_to_a_replica() -> None:
+    """ModelStreamInfer goes through the proxy both ways: each streamed request gets its replica's answer."""
     async with grpc_fleet(2) as (router, _planes, target), grpc.aio.insecure_channel(target) as ch:
         call = ch.stream_stream(f"/{SERVICE_NAME}/ModelStreamInfer")()
-        await call.write(_infer_request(0))
+        for i in range(2):
+            await call.write(_infer_request(i))
         await call.done_writing()
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            _ = [r async for r in call]
-        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert "ModelStreamInfer" in (info.value.details() or "")
+        answers = [pb.ModelStreamInferResponse.FromString(raw) async for raw in call]
+        assert sorted(a.infer_response.id for a in answers) == ["q0", "q1"]
+        assert all(not a.error_message for a in answers)
         await asyncio.sleep(0.05)
         assert all(rt.outstanding == 0 for rt in router.replicas.values())
 

@@ -86,7 +86,7 @@ async def test_concurrent_requests_form_batches_larger_than_one(server: RunningS
 
 @pytest.mark.parametrize(("path", "body", "status", "needle"), [
     ("/v2/models/nope/infer", b'{"inputs": []}', 404, "unknown model"),
-    ("/v2/models/echo/versions/9/infer", b'{"inputs": []}', 404, "no version"),
+    ("/v2/models/echo/versions/9/infer", b'{"inputs": []}', 404, "'echo' version 9 is not found"),
     ("/v2/models/echo/infer", b"{not json", 400, "JSON"),
     ("/v2/models/echo/infer", b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3], '
                               b'"data": [1, 2, 3]}]}', 400, "shape"),

@@ -76,7 +76,8 @@ def _loads(repo: Path, name: str) -> int:
 def test_three_models_alternate_through_a_budget_that_holds_one_of_them(tmp_path: Path) -> None:
     repo = _repository(tmp_path / "repo")
     budget_mb = 2.5  # pinned (1 MiB + model.py) + one more; never two of alpha/beta/gamma
-    with run_server(repo, tmp_path, ["--grpc-port", "-1", "--model-memory-budget-mb", str(budget_mb)]) as srv:
+    with run_server(repo, tmp_path, ["--grpc-port", "-1", "--model-memory-budget-mb", str(budget_mb),
+                                          "--model-control-mode", "explicit"]) as srv:
         index = {row["name"]: row for row in httpx.post(srv.url + "/v2/repository/index", timeout=10).json()}
         assert index["pinned"]["state"] == "READY" and index["alpha"]["state"] == "READY"  # ready = initial set
         assert index["beta"]["state"] == "UNAVAILABLE" and "not resident" in index["beta"]["reason"]

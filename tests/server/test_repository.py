@@ -21,14 +21,18 @@ def _infer_echo(client: triton_http.InferenceServerClient, version: str = "") ->
 
 def test_load_unload_reload_and_a_failed_reload_keeps_the_old_version(tmp_path: Path) -> None:
     repo = build_test_repository(tmp_path / "repo")
-    with run_server(repo, tmp_path, ["--grpc-port", "-1", "--model", "echo", "--model", "text"]) as srv:
+    args = ["--grpc-port", "-1", "--model", "echo", "--model", "text", "--model-control-mode", "explicit"]
+    with run_server(repo, tmp_path, args) as srv:
         client = triton_http.InferenceServerClient(srv.http_target)
         index = {row["name"]: row for row in client.get_model_repository_index()}
-        assert index["echo"]["state"] == "READY" and index["slow"]["state"] == "UNAVAILABLE"
+        assert set(index) == {"echo", "text"}  # only what this server serves (--model), as Triton
+        assert index["echo"]["state"] == "READY"
 
         client.unload_model("text")
         with pytest.raises(InferenceServerException):
             client.get_model_metadata("text")
+        rows = client.get_model_repository_index()
+        assert {r["name"]: r["state"] for r in rows}["text"] == "UNAVAILABLE"
         client.load_model("text")
         assert client.is_model_ready("text")
 
@@ -48,3 +52,37 @@ def test_load_unload_reload_and_a_failed_reload_keeps_the_old_version(tmp_path: 
         np.testing.assert_array_equal(_infer_echo(client, "2"), [[2.0, 4.0]])
         assert srv.alive()
 
+
+
+def test_explicit_mode_loads_only_load_model_at_start(tmp_path: Path) -> None:
+    repo = build_test_repository(tmp_path / "repo")
+    args = ["--grpc-port", "-1", "--model-control-mode", "explicit", "--load-model", "echo"]
+    with run_server(repo, tmp_path, args) as srv:
+        client = triton_http.InferenceServerClient(srv.http_target)
+        states = {row["name"]: row["state"] for row in client.get_model_repository_index()}
+        assert states == {"echo": "READY", "slow": "UNAVAILABLE", "text": "UNAVAILABLE", "cams": "UNAVAILABLE"}
+        assert not client.is_model_ready("text")
+        client.load_model("text")
+        assert client.is_model_ready("text")
+        config = repo / "text" / "config.yaml"
+        config.write_text(config.read_text().replace("max_batch_size:", "max_batch_sise:"))
+        with pytest.raises(InferenceServerException) as typo:
+            client.load_model("text")
+        assert "unknown key 'max_batch_sise'; did you mean 'max_batch_size'?" in str(typo.value)
+        assert client.is_model_ready("text")  # the loaded version keeps serving
+
+
+def test_load_model_needs_explicit_mode_and_a_known_name(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    repo = build_test_repository(tmp_path / "repo")
+    base = [sys.executable, "-m", "headroom.cli.main", "serve", "--model-repository", str(repo), "--http-port", "0",
+            "--grpc-port", "-1"]
+    done = subprocess.run([*base, "--load-model", "echo"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--load-model needs --model-control-mode explicit" in done.stderr
+    done = subprocess.run([*base, "--model-control-mode", "explicit", "--load-model", "ecko"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "no model directory named ['ecko']" in done.stderr
+    done = subprocess.run([*base, "--model-control-mode", "sometimes"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "none, explicit or poll" in done.stderr

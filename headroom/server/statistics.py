@@ -1,0 +1,104 @@
+"""Per-version inference statistics in Triton's schema (the V2 statistics extension, HTTP and gRPC).
+
+One `TritonStatistics` per served version, fed by the data plane (per request) and the batcher's observer
+(per executed batch). Mapping of headroom's stages to Triton's names (all durations in nanoseconds):
+
+    success         end-to-end time of requests answered with a result
+    fail            end-to-end time of requests answered with an error (after resolving to the version)
+    queue           batch-queue wait (StageTimings.queue_ms)
+    compute_input   per-request preprocessing (StageTimings.preprocess_ms)
+    compute_infer   the batched predict call (StageTimings.compute_ms; each request counts its batch's)
+    compute_output  per-request postprocessing (StageTimings.postprocess_ms)
+    batch_stats     per executed batch size: count and summed predict time (compute_infer); compute_input
+                    and compute_output there sum the per-request stages of the requests that ran in
+                    batches of that size (headroom pre/postprocesses per request, not per batch)
+    last_inference  wall-clock milliseconds since the epoch of the last successful request
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from headroom.core.types import StageTimings
+
+
+@dataclass(slots=True)
+class Duration:
+    """A Triton StatisticDuration: how many, and their summed nanoseconds."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.ns += max(0, round(seconds * 1e9))
+
+    def to_json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(slots=True)
+class _BatchStats:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+class TritonStatistics:
+    """Counters for one model version; mutated only from the event loop."""
+
+    def __init__(self) -> None:
+        self.success = Duration()
+        self.fail = Duration()
+        self.queue = Duration()
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+        self.inference_count = 0  # items executed (a batch of n counts n)
+        self.execution_count = 0  # batches executed
+        self.last_inference_ms = 0
+        self._batches: dict[int, _BatchStats] = {}
+
+    def on_batch(self, batch_size: int, compute_s: float) -> None:
+        """One executed batch of `batch_size` items (from the batcher's observer)."""
+        self.execution_count += 1
+        self.inference_count += batch_size
+        self._batches.setdefault(batch_size, _BatchStats()).compute_infer.add(compute_s)
+
+    def on_success(self, timings: StageTimings, batch_size: int, wall_ms: int) -> None:
+        """A request answered with a result; `wall_ms` is the epoch time in milliseconds."""
+        self.success.add(timings.total_ms / 1e3)
+        self.queue.add(timings.queue_ms / 1e3)
+        self.compute_input.add(timings.preprocess_ms / 1e3)
+        self.compute_infer.add(timings.compute_ms / 1e3)
+        self.compute_output.add(timings.postprocess_ms / 1e3)
+        self.last_inference_ms = wall_ms
+        if batch_size > 0:
+            stats = self._batches.setdefault(batch_size, _BatchStats())
+            stats.compute_input.add(timings.preprocess_ms / 1e3)
+            stats.compute_output.add(timings.postprocess_ms / 1e3)
+
+    def on_failure(self, duration_s: float) -> None:
+        self.fail.add(duration_s)
+
+    def to_json(self, name: str, version: str) -> dict[str, object]:
+        """Triton's ModelStatistics object (the HTTP JSON; gRPC parses the same dict)."""
+        return {
+            "name": name, "version": version, "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count, "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.to_json(), "fail": self.fail.to_json(), "queue": self.queue.to_json(),
+                "compute_input": self.compute_input.to_json(), "compute_infer": self.compute_infer.to_json(),
+                "compute_output": self.compute_output.to_json(),
+                "cache_hit": Duration().to_json(), "cache_miss": Duration().to_json(),
+            },
+            "batch_stats": [
+                {"batch_size": size, "compute_input": b.compute_input.to_json(),
+                 "compute_infer": b.compute_infer.to_json(), "compute_output": b.compute_output.to_json()}
+                for size, b in sorted(self._batches.items())
+            ],
+            "memory_usage": [],
+        }
+
+
+__all__ = ["Duration", "TritonStatistics"]
