@@ -40,6 +40,7 @@ from headroom.lifecycle.drift_feed import DriftFeed, DriftFeedConfig
 from headroom.lifecycle.offline import PredictionStore
 from headroom.lifecycle.residency import ResidencyConfig
 from headroom.models.repository import ModelRepository
+from headroom.models.trust import DEFAULT_TRUSTED
 from headroom.server.dataplane import DataPlane
 from headroom.server.gc_monitor import GcMonitor
 from headroom.server.http_app import HttpApi, HttpLimits, build_http_app
@@ -67,6 +68,7 @@ class ServerConfig:
     precomputed: Path | None = None  # SQLite store from `headroom batch`: answer from it before the model
     model_memory_budget_bytes: int = 0  # > 0: load models on demand under this budget, evict LRU (0 = load all)
     drift: DriftFeedConfig = field(default_factory=DriftFeedConfig)  # input-drift sampling and PSI threshold
+    trusted_backends: frozenset[str] = DEFAULT_TRUSTED  # model code it may load (headroom.models.trust)
     freeze_gc_at_ready: bool = True  # gc.freeze() once the models are loaded: full collections then skip the
     #   start-up heap (each paused the process 190-270 ms, about once a minute under load; server/gc_monitor.py)
 
@@ -121,7 +123,7 @@ class Server:
     async def run(self, on_ready: Callable[[Server], None] | None = None) -> None:
         """Start everything, serve until SIGTERM/SIGINT or `stop()`, then drain and shut down."""
         self.gc_monitor.install()
-        repo = ModelRepository(self.config.model_repository)
+        repo = ModelRepository(self.config.model_repository, self.config.trusted_backends)
         index = repo.scan(self.config.models)
         manager = ModelManager(repo, self.dataplane)
         expected = [e.name for e in index.models]

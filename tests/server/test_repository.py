@@ -10,7 +10,7 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from tests.server.conftest import build_test_repository
-from tests.support.server import run_server
+from tests.support.server import TRUST_PYTHON, run_server
 
 
 def _infer_echo(client: triton_http.InferenceServerClient, version: str = "") -> np.ndarray:
@@ -21,7 +21,7 @@ def _infer_echo(client: triton_http.InferenceServerClient, version: str = "") ->
 
 def test_load_unload_reload_and_a_failed_reload_keeps_the_old_version(tmp_path: Path) -> None:
     repo = build_test_repository(tmp_path / "repo")
-    with run_server(repo, tmp_path, ["--grpc-port", "-1", "--model", "echo", "--model", "text"]) as srv:
+    with run_server(repo, tmp_path, ["--grpc-port", "-1", "--model", "echo", "--model", "text", *TRUST_PYTHON]) as srv:
         client = triton_http.InferenceServerClient(srv.http_target)
         index = {row["name"]: row for row in client.get_model_repository_index()}
         assert index["echo"]["state"] == "READY" and index["slow"]["state"] == "UNAVAILABLE"
