@@ -95,7 +95,7 @@ def rss_mb(pid: int) -> float:
 
 def children(pid: int) -> list[int]:
     """Direct child processes of `pid` (Linux /proc)."""
-    found = []
+    found: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         text = (task / "children").read_text().split()
         found.extend(int(c) for c in text)

@@ -1,5 +1,6 @@
 """A dying replica behind `headroom route`: `kill -9` of one of 2 replicas, then (a fresh fleet) SIGTERM of
-one, each under a constant open-loop rate. Every request that does not get a 200 is lost."""
+one, each under a constant open-loop rate. A request without a 200 is either shed (429, or 503 "overloaded":
+refused before it ran, with Retry-After) or lost (any other failure: 502, 504, a reset, ...)."""
 
 from __future__ import annotations
 
@@ -54,12 +55,13 @@ def one(log_dir: Path, sig: int, rate: float, duration_s: float) -> dict[str, An
         victim = replica_pids(router.process.pid)[0]
         outcomes = asyncio.run(_load_with_fault(router.url, rate, duration_s, victim, sig))
         stats = httpx.get(router.url + "/router/stats", timeout=2.0).json()
-    lost = [o for o in outcomes if o.status != 200]
+    failed = [o for o in outcomes if o.status != 200]
+    shed = [o for o in failed if o.status == 429 or (o.status == 503 and '"overloaded"' in o.error)]
     return {
         "signal": signal.Signals(sig).name, "rate_per_s": rate, "duration_s": duration_s,
-        "requests": len(outcomes), "lost": len(lost),
-        "lost_by_status": dict(Counter(str(o.status) for o in lost)),
-        "lost_examples": sorted({o.error for o in lost})[:5],
+        "requests": len(outcomes), "lost": len(failed) - len(shed), "shed": len(shed),
+        "failed_by_status": dict(Counter(str(o.status) for o in failed)),
+        "failed_examples": sorted({o.error for o in failed})[:5],
         "p99_ms": percentile_ms([o.latency_s for o in outcomes if o.status == 200], 0.99),
         "router_retries": stats["counters"]["retries"], "router_retries_denied": stats["counters"]["retries_denied"],
     }

@@ -65,4 +65,4 @@ def run(log_dir: Path, streams: int = 16, timeout_s: float = 10.0) -> dict[str, 
         idle_kv = gauges(httpx.get(srv.url + "/metrics").text).get(KV_USAGE, 0.0)
         closed_s = asyncio.run(_abandon(srv.url, streams))
         result = asyncio.run(_until_idle(srv.url, closed_s, idle_kv, timeout_s))
-    return {"streams": streams, "idle_kv_usage": idle_kv, **result}
+    return {"streams": streams, "idle_kv_usage": idle_kv, "timeout_s": timeout_s, **result}
