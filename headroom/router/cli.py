@@ -35,6 +35,7 @@ from headroom.gateway.grpc_auth import GatewayInterceptor
 from headroom.gateway.ratelimit import RateLimiter
 from headroom.gateway.slow_headers import header_deadline_protocol
 from headroom.gateway.span_export import file_tracer_provider
+from headroom.models.trust import parse_trusted
 from headroom.router.grpc_proxy import GrpcProxy
 from headroom.router.policies import POLICIES
 from headroom.router.proxy import ProxyConfig, Router
@@ -248,6 +249,8 @@ def route(
     llm_token_burst: float = typer.Option(0.0, help="Per-tenant LLM token burst."),
     headers_timeout_s: float = typer.Option(10.0, min=0.0, help="Request line + headers must arrive within this "
                                                                 "(slowloris: 408 + close; 0 = no deadline)."),
+    trusted_backends: str = typer.Option("onnxruntime,torch,llm", help="Passed to every replica: the model code "
+                                         "it may load (see `headroom serve --help`, docs/SECURITY.md)."),
 ) -> None:
     """Run a router in front of N replicas (local processes or Ray actors): routing policies, health checks
     and outlier ejection, retries of never-started requests under a budget, optional hedging, load shedding,
@@ -258,6 +261,7 @@ def route(
     if policy not in POLICIES:
         raise _fail(err, f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
     try:
+        trust = ["--trusted-backends", ",".join(sorted(parse_trusted(trusted_backends)))]
         scaler = AutoscalerConfig(min_replicas=min_replicas, max_replicas=max_replicas,
                                   warm_pool=warm_pool) if autoscale else None
         ray_cfg = RayReplicaConfig(host=replica_host or None, capacity=replica_capacity,
@@ -277,7 +281,7 @@ def route(
     if backend == "local":
         manager_cfg = ReplicaManagerConfig(host="127.0.0.1", capacity=replica_capacity,
                                            drain_timeout_s=drain_timeout_s + 5.0)
-        asyncio.run(run_cluster(serve_command(model_repository, model, drain_timeout_s), replicas, proxy,
+        asyncio.run(run_cluster(serve_command(model_repository, model, drain_timeout_s, trust), replicas, proxy,
                                 manager_cfg, host, port, scaler, grpc_port=grpc_port, tracer_provider=tracer,
                                 gateway=gateway))
         return
@@ -286,7 +290,7 @@ def route(
             connect_ray(RayClusterConfig(address=ray_address or None, num_cpus=ray_num_cpus))
     except (RuntimeError, ConnectionError) as exc:
         raise _fail(err, str(exc), code=1) from None
-    command = ray_serve_command(model_repository.resolve(), model, drain_timeout_s)
+    command = ray_serve_command(model_repository.resolve(), model, drain_timeout_s, trust)
     try:
         asyncio.run(run_fleet(lambda on_change: RayReplicaManager(command, ray_cfg, on_change), replicas, proxy,
                               host, port, scaler, console=err, grpc_port=grpc_port, tracer_provider=tracer,
