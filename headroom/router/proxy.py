@@ -34,14 +34,17 @@ from starlette.routing import Route
 
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import Cancelled, DeadlineExceeded, HeadroomError, NotReady, Overloaded
-from headroom.gateway.tracing import IngressSpan, parse_traceparent
 from headroom.router import degrade, tail
 from headroom.router import health as hp
 from headroom.router.canary import CanaryTracker
 from headroom.router.config import ProxyConfig
+from headroom.router.hedging import race
 from headroom.router.policies import choose
+from headroom.router.probes import probe_ready
 from headroom.router.request_keys import request_key
 from headroom.router.snapshot import ReplicaSnapshot, RouterState, routable
+from headroom.router.spans import end_span_with, start_span
+from headroom.router.stats import stats_json
 from headroom.router.upstream import HOP_BY_HOP, Attempt, ReplicaRuntime, Upstream
 from headroom.router.wire import Outgoing, UpstreamFailed, disconnected, json_error
 
@@ -132,15 +135,7 @@ class Router:
         if client is None:
             return
         runtimes = list(self.replicas.values())
-
-        async def probe(rt: ReplicaRuntime) -> bool:
-            try:
-                r = await client.get(rt.upstream.base_url + "/v2/health/ready", timeout=self.config.check_timeout_s)
-                return r.status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        results = await asyncio.gather(*(probe(rt) for rt in runtimes))
+        results = await probe_ready(client, [rt.upstream.base_url for rt in runtimes], self.config.check_timeout_s)
         now = self.clock.now_s()
         for rt, ok in zip(runtimes, results, strict=True):
             if rt.upstream.replica_id not in self.replicas:
@@ -183,7 +178,7 @@ class Router:
         if self.canary is not None and attempt.arm and not tail.retryable(attempt.outcome):
             self.canary.record(attempt.arm, failed, latency_s)
 
-    async def _drop(self, attempt: Attempt) -> None:
+    async def drop(self, attempt: Attempt) -> None:
         """Close a failed attempt's response (if any) and fold its outcome into health."""
         if attempt.response is not None:
             await attempt.response.aclose()
@@ -199,7 +194,7 @@ class Router:
             arm = "baseline" if arm == "canary" else "canary"
         return arm
 
-    def _pick(self, key: str | None, exclude: set[str], arm: str = "") -> ReplicaRuntime | None:
+    def pick_in_arm(self, key: str | None, exclude: set[str], arm: str = "") -> ReplicaRuntime | None:
         snaps = [s for s in self.snapshots() if s.replica_id not in exclude
                  and (self.canary is None or not arm or self.canary.in_arm(arm, s.version))]
         decision, self.route_state = choose(self.config.policy, snaps, key, self.route_state,
@@ -210,7 +205,7 @@ class Router:
 
     def pick(self, key: str | None = None, exclude: Collection[str] = ()) -> ReplicaRuntime | None:
         """Choose a replica with the configured policy; None when no replica is routable."""
-        return self._pick(key, set(exclude), self._arm())
+        return self.pick_in_arm(key, set(exclude), self._arm())
 
     def mark_unready(self, replica_id: str) -> None:
         """The replica refused a connection or is draining: no new traffic there until a check passes."""
@@ -243,76 +238,14 @@ class Router:
         if not failed:
             self.latencies = self.latencies.add(latency_s)
 
-    def _require_client(self) -> httpx.AsyncClient:
+    def require_client(self) -> httpx.AsyncClient:
         if self._client is None:
             raise RuntimeError("Router.start() must run before requests are proxied (use the app's lifespan)")
         return self._client
 
-    def _build(self, rt: ReplicaRuntime, out: Outgoing) -> httpx.Request:
-        return self._require_client().build_request(out.method, rt.upstream.base_url + out.path_and_query,
+    def build_request(self, rt: ReplicaRuntime, out: Outgoing) -> httpx.Request:
+        return self.require_client().build_request(out.method, rt.upstream.base_url + out.path_and_query,
                                                     headers=list(out.headers), content=out.body)
-
-    async def _race(self, first: Attempt, out: Outgoing, key: str | None,
-                    tried: set[str]) -> Attempt:
-        """Run `first`; after the hedge delay, maybe send a backup; return the winning attempt.
-
-        Whatever is still running when this returns or is cancelled (client gone) is cancelled, which
-        closes its connection so the replica drops the work, and its outstanding slot is released.
-        """
-        client = self._require_client()
-        tasks: dict[asyncio.Task[Attempt], Attempt] = {}
-        tasks[asyncio.create_task(first.run(client, self._build(first.replica, out)))] = first
-        winner: Attempt | None = None
-        try:
-            winner = await self._hedged(first, tasks, out, key, tried)
-            return winner
-        finally:
-            for t, attempt in tasks.items():
-                if attempt is winner:
-                    continue
-                if not t.done():
-                    t.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await t
-                await attempt.discard()  # idempotent: releases the slot of losers and abandoned attempts
-
-    async def _hedged(self, first: Attempt, tasks: dict[asyncio.Task[Attempt], Attempt], out: Outgoing,
-                      key: str | None, tried: set[str]) -> Attempt:
-        (primary,) = tasks
-        delay = tail.hedge_delay_s(self.latencies, self.config.hedge) if self.config.hedging else None
-        if delay is None:
-            return await primary
-        done, _ = await asyncio.wait({primary}, timeout=delay)
-        if done:
-            return primary.result()
-        backup_rt = self._pick(key, tried, first.arm)
-        if backup_rt is None:
-            return await primary
-        allowed, self.hedge_state = tail.budget_withdraw(self.hedge_state, self.clock.now_s(),
-                                                         self.config.hedge_budget)
-        if not allowed:
-            return await primary
-        self.counters["hedges"] += 1
-        tried.add(backup_rt.upstream.replica_id)
-        second = Attempt(backup_rt, self.clock, hedge=True, arm=first.arm)
-        tasks[asyncio.create_task(second.run(self._require_client(), self._build(backup_rt, out)))] = second
-        pending: set[asyncio.Task[Attempt]] = set(tasks)
-        winner: Attempt = first
-        decided = False
-        while pending and not decided:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            # a usable answer wins; when nothing is left running, the last result is the answer
-            results = sorted((t.result() for t in done), key=lambda a: a.outcome != "ok")
-            for a in results:
-                if not decided and (a.outcome == "ok" or (not pending and a is results[-1])):
-                    winner, decided = a, True
-                elif a.outcome == "ok":
-                    await a.discard()  # both answered at once: keep one
-                else:
-                    await self._drop(a)  # an error while the other copy may still answer
-        if winner is second:
-            self.counters["hedge_wins"] += 1
-        return winner
 
     # ----------------------------------------------------------------------------------------- handling
 
@@ -322,7 +255,7 @@ class Router:
         if request.url.path == "/v2/health/ready":
             ready = any(s.ready for s in self.snapshots())
             return Response(status_code=200 if ready else 503)
-        span = self._start_span(request)
+        span = start_span(self.tracer_provider, request)
         try:
             response = await self._proxy(request, span.traceparent if span is not None else None)
         except HeadroomError as exc:
@@ -331,16 +264,7 @@ class Router:
             if span is not None:
                 span.finish([], time.time_ns(), status_code=500)
             raise
-        return response if span is None else _end_span_with(response, span)
-
-    def _start_span(self, request: Request) -> IngressSpan | None:
-        """The router's SERVER span for one request (None when tracing is off)."""
-        if self.tracer_provider is None:
-            return None
-        parent = parse_traceparent(request.headers.get("traceparent"))
-        attributes = {"http.request.method": request.method, "url.path": request.url.path}
-        return IngressSpan(self.tracer_provider, "router", parent, request.headers.get("x-request-id", ""), "",
-                           time.time_ns(), attributes)
+        return response if span is None else end_span_with(response, span)
 
     async def _proxy(self, request: Request, traceparent: str | None = None) -> Response:
         c = self.config
@@ -403,7 +327,7 @@ class Router:
         last: Attempt | None = None
         arm = self._arm()
         for attempt_no in range(self.config.max_attempts):
-            rt = self._pick(key, tried, arm)
+            rt = self.pick_in_arm(key, tried, arm)
             if rt is None:
                 break
             if attempt_no > 0:
@@ -414,10 +338,10 @@ class Router:
                     break
                 self.counters["retries"] += 1
             tried.add(rt.upstream.replica_id)
-            last = await self._race(Attempt(rt, self.clock, arm=arm), out, key, tried)
+            last = await race(self, Attempt(rt, self.clock, arm=arm), out, key, tried)
             if not tail.retryable(last.outcome, out.replayable):
                 return last
-            await self._drop(last)
+            await self.drop(last)
         if last is None:
             self.counters["no_replica"] += 1
             raise NotReady("no replica is ready (loading, warming, draining or ejected); retry later",
@@ -472,34 +396,4 @@ class Router:
             self.vegas = tail.vegas_update(self.vegas, latency_s, inflight, dropped, self.config.vegas)
 
     async def _stats(self, request: Request) -> Response:
-        now = self.clock.now_s()
-        reps = [{"id": s.replica_id, "url": self.replicas[s.replica_id].upstream.base_url, "ready": s.ready,
-                 "ejected": s.ejected(now), "outstanding": s.outstanding,
-                 "ewma_latency_ms": s.ewma_latency_s * 1e3, "requests": self.replicas[s.replica_id].requests,
-                 "failures": self.replicas[s.replica_id].failures} for s in self.snapshots()]
-        canary = None if self.canary is None else {"version": self.canary.canary_version,
-                                                     "weight": self.canary.weight, "phase": self.canary.state.phase}
-        return Response(orjson.dumps({"counters": self.counters, "replicas": reps, "inflight": self.inflight,
-                                      "concurrency_limit": self.vegas.effective_limit(self.config.vegas),
-                                      "canary": canary}), media_type="application/json")
-
-
-def _end_span_with(response: Response, span: IngressSpan) -> Response:
-    """End `span` with the response: now for a buffered body, when the last chunk went for a streamed one."""
-    replica = response.headers.get("x-headroom-replica", "")
-    if replica:
-        span.span.set_attribute("headroom.replica", replica)
-    if not isinstance(response, StreamingResponse):
-        span.finish([], time.time_ns(), status_code=response.status_code)
-        return response
-    inner = response.body_iterator
-
-    async def body() -> AsyncIterator[str | bytes | memoryview]:
-        try:
-            async for chunk in inner:
-                yield chunk
-        finally:
-            span.finish([], time.time_ns(), status_code=response.status_code)
-
-    response.body_iterator = body()
-    return response
+        return Response(stats_json(self), media_type="application/json")
