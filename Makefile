@@ -10,12 +10,13 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
 
-.PHONY: install models serve test check lint typecheck bench clean help browser
+.PHONY: install models serve test check lint typecheck bench reliability clean help browser
 
 help:
 	@echo "make serve   install what is missing, build the default models, start headroom on $(HOST):$(HTTP_PORT) (gRPC $(GRPC_PORT))"
 	@echo "make test    install what is missing, build the default models, run the whole test suite"
 	@echo "make check   ruff + mypy --strict on the package"
+	@echo "make reliability  overload, replica kill/drain, abandoned streams, fuzz (minutes; not part of make test)"
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -53,3 +54,9 @@ check: lint typecheck
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache
+
+# The reliability suite (benchmarks/reliability/run.py): real servers on loopback, bounded, stops by itself.
+# Writes benchmarks/results/reliability_<UTC>.json + .md. Short smoke: RELIABILITY_ARGS="--duration-s 5 ..."
+RELIABILITY_ARGS ?=
+reliability: models
+	$(BIN)/python -m benchmarks.reliability.run $(RELIABILITY_ARGS)

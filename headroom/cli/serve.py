@@ -78,6 +78,10 @@ def serve(
     cpus: str = typer.Option("", "--cpus", help="Pin the server (and its replicas) to these CPUs before models "
                              "load, as taskset -c: 0, 0-1, 0,2-3. Thread counts are per model: "
                              "runtime.intra_op_threads in config.yaml."),
+    trusted_backends: str = typer.Option("onnxruntime,torch,llm", help="Model code this server may load, comma "
+                                         "separated from onnxruntime, torch, llm, python (a model.py from the "
+                                         "repository), pickle (allow_pickle: true); other models are refused at "
+                                         "load. Whoever writes the repository runs this code: docs/SECURITY.md."),
     replicas: int = typer.Option(1, min=1, help="N > 1: a router (peak-EWMA, health checks, shedding) in front "
                                  "of N replica processes; see `headroom route` for every router option."),
 ) -> None:
@@ -97,6 +101,14 @@ def serve(
         except ValueError as exc:
             Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}")
             raise typer.Exit(code=2) from None
+
+    from headroom.models.trust import parse_trusted
+
+    try:
+        trusted = parse_trusted(trusted_backends)
+    except ValueError as exc:
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(code=2) from None
 
     if replicas > 1:
         from headroom.gateway.app import gateway_setup as router_gateway
@@ -121,7 +133,7 @@ def serve(
             err.print(f"[bold red]error:[/] {exc}")
             raise typer.Exit(code=2) from None
         per_replica = ["--drift-threshold-psi", str(drift_threshold_psi), "--drift-sample-every",
-                       str(drift_sample_every)]
+                       str(drift_sample_every), "--trusted-backends", ",".join(sorted(trusted))]
         if model_memory_budget_mb > 0:
             per_replica += ["--model-memory-budget-mb", str(model_memory_budget_mb)]
         if precomputed is not None:
@@ -169,6 +181,7 @@ def serve(
             drain_timeout_s=drain_timeout_s, log_level=log_level, gateway=setup, tls=tls,
             trace_spans_file=trace_spans_file, precomputed=precomputed,
             model_memory_budget_bytes=int(model_memory_budget_mb * 2**20), freeze_gc_at_ready=gc_freeze,
+            trusted_backends=trusted,
             drift=DriftFeedConfig(sample_every=drift_sample_every,
                                   monitor=DriftConfig(threshold_psi=drift_threshold_psi)),
         )

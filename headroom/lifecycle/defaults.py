@@ -1,8 +1,8 @@
 """The packaged default models for `headroom models pull NAME` (no network): their config.yaml, and how their
 artifacts are produced (digits: trained from scikit-learn's bundled data; minilm: exported from the installed
-weights package; noop: a Python file). The configs are copies of the repository's models/*/config.yaml (noop's:
-benchmarks/models/noop, the overhead probe, which the default repository does not serve); a test keeps them
-equal.
+weights package; noop: nothing, its class ships with headroom). The configs are copies of the repository's
+models/*/config.yaml (noop's: benchmarks/models/noop, the overhead probe, which the default repository does not
+serve); a test keeps them equal.
 """
 
 from __future__ import annotations
@@ -69,9 +69,12 @@ parameters:
 """
 
 NOOP_CONFIG = """\
-# noop: a user-style Python model that returns its input unchanged. It measures the server's own overhead
-# (everything but the model). Requests batched together must have the same length.
+# noop: a Python-backend model that returns its input unchanged. It measures the server's own overhead
+# (everything but the model). Requests batched together must have the same length. Its class ships with
+# headroom, so the default --trusted-backends serves it (a model.py of your own needs `python` trusted).
 backend: python
+parameters:
+  model_class: headroom.models.builtin.noop:NoopModel
 max_batch_size: 64
 inputs:
   - {name: input, datatype: FP32, shape: [-1]}
@@ -84,24 +87,6 @@ dynamic_batching:
 warmup: {batch_sizes: [1, 64]}
 """
 
-NOOP_MODEL_PY = '''\
-"""A Python-backend model: headroom imports this file and calls the one class with a predict() method."""
-
-from __future__ import annotations
-
-import numpy as np
-
-
-class NoopModel:
-    """Returns its input as its output (so everything measured around it is server overhead)."""
-
-    def load(self) -> None:
-        """Nothing to load; a real model would read its weights from its version directory here."""
-
-    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {"output": inputs["input"]}
-'''
-
 DEFAULT_CONFIGS = {"digits": DIGITS_CONFIG, "minilm": MINILM_CONFIG, "noop": NOOP_CONFIG}  # name -> config.yaml
 
 
@@ -109,8 +94,7 @@ def build_default(name: str, version_dir: Path) -> str:
     """Produce a default model's artifacts in `version_dir`; returns a one-line summary. Raises ValueError."""
     version_dir.mkdir(parents=True, exist_ok=True)
     if name == "noop":
-        (version_dir / "model.py").write_text(NOOP_MODEL_PY)
-        return "wrote model.py"
+        return "nothing to build: its class ships with headroom (headroom.models.builtin.noop)"
     if name == "digits":
         from headroom.models.builtin.digits_build import build_digits
         from headroom.models.builtin.digits_drift import write_drift_reference

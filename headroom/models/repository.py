@@ -23,6 +23,7 @@ from headroom.models.artifacts import ModelLoadError
 from headroom.models.backends import create_model
 from headroom.models.base import ColdStartStage, LoadContext, Model
 from headroom.models.config import ModelConfig, load_model_config
+from headroom.models.trust import check_trusted
 from headroom.models.warmup import run_warmup
 
 log = logging.getLogger("headroom.models")
@@ -102,8 +103,10 @@ def scan_entry(directory: Path) -> ModelEntry:
 class ModelRepository:
     """Scans a repository directory and loads its models."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, trusted: Iterable[str] | None = None) -> None:
         self.root = Path(root)
+        #: kinds of model code it may load (headroom.models.trust); None = everything (library use)
+        self.trusted = None if trusted is None else frozenset(trusted)
 
     def scan(self, names: Iterable[str] | None = None) -> RepositoryIndex:
         """Validate every `<root>/*/config.yaml` (or only `names`); raises on the first bad one."""
@@ -122,6 +125,8 @@ class ModelRepository:
                 log.warning("skipping %s: no config.yaml", directory)
                 continue
             entry = scan_entry(directory)
+            if self.trusted is not None:
+                check_trusted(entry.config, self.trusted, str(directory / "config.yaml"))
             (llm if entry.config.backend == "llm" else tensor).append(entry)
         if wanted is not None:
             missing = wanted - {e.name for e in tensor + llm}

@@ -37,6 +37,7 @@ from headroom.gateway.grpc_auth import GatewayInterceptor
 from headroom.gateway.ratelimit import RateLimiter
 from headroom.gateway.slow_headers import header_deadline_protocol
 from headroom.gateway.span_export import file_tracer_provider
+from headroom.models.trust import parse_trusted
 from headroom.router.fleet_config import (
     FleetConfig,
     apply_flags,
@@ -285,6 +286,8 @@ def route(
     llm_token_burst: float = typer.Option(0.0, help="Per-tenant LLM token burst."),
     headers_timeout_s: float = typer.Option(10.0, min=0.0, help="Request line + headers must arrive within this "
                                                                 "(slowloris: 408 + close; 0 = no deadline)."),
+    trusted_backends: str = typer.Option("onnxruntime,torch,llm", help="Passed to every replica: the model code "
+                                         "it may load (see `headroom serve --help`, docs/SECURITY.md)."),
 ) -> None:
     """Run a router in front of N replicas (local processes or Ray actors): routing policies, health checks
     and outlier ejection, retries of never-started requests under a budget, optional hedging, load shedding,
@@ -307,6 +310,7 @@ def route(
     replicas, backend, replica_capacity = spec.replicas, spec.backend, spec.replica_capacity
     drain_timeout_s, model_repository, model = spec.drain_timeout_s, Path(spec.model_repository), list(spec.models)
     try:
+        trust = ["--trusted-backends", ",".join(sorted(parse_trusted(trusted_backends)))]
         ray_cfg = RayReplicaConfig(host=replica_host or None, capacity=replica_capacity,
                                    actor_num_cpus=actor_num_cpus, drain_timeout_s=drain_timeout_s + 5.0,
                                    grpc=grpc_port >= 0, placement=placement,
@@ -337,9 +341,9 @@ def route(
         def canary_command(spec: RolloutSpec) -> CommandFactory:
             pinned = pinned_repository(model_repository.resolve(), spec.model, spec.version,
                                        Path(tempfile.mkdtemp(prefix=f"headroom-{spec.model}-v{spec.version}-")))
-            return serve_command(pinned, model, drain_timeout_s)
+            return serve_command(pinned, model, drain_timeout_s, trust)
 
-        asyncio.run(run_cluster(serve_command(model_repository, model, drain_timeout_s), replicas, proxy,
+        asyncio.run(run_cluster(serve_command(model_repository, model, drain_timeout_s, trust), replicas, proxy,
                                 manager_cfg, host, port, scaler, grpc_port=grpc_port, tracer_provider=tracer,
                                 gateway=gateway, canary_command=canary_command))
         return
@@ -348,14 +352,14 @@ def route(
             connect_ray(RayClusterConfig(address=ray_address or None, num_cpus=ray_num_cpus))
     except (RuntimeError, ConnectionError) as exc:
         raise _fail(err, str(exc), code=1) from None
-    command = ray_serve_command(model_repository.resolve(), model, drain_timeout_s)
+    command = ray_serve_command(model_repository.resolve(), model, drain_timeout_s, trust)
     try:
         def ray_canary(spec: RolloutSpec, on_change: Callable[[tuple[Upstream, ...]], None]) -> ReplicaFleet:
             # the pinned repository links the original: on a multi-node cluster both paths must exist everywhere
             pinned = pinned_repository(model_repository.resolve(), spec.model, spec.version,
                                        Path(tempfile.mkdtemp(prefix=f"headroom-{spec.model}-v{spec.version}-")))
             cfg = dataclasses.replace(ray_cfg, id_prefix=f"{ray_cfg.id_prefix}-v{spec.version}")
-            return RayReplicaManager(ray_serve_command(pinned, model, drain_timeout_s), cfg, on_change)
+            return RayReplicaManager(ray_serve_command(pinned, model, drain_timeout_s, trust), cfg, on_change)
 
         asyncio.run(run_fleet(lambda on_change: RayReplicaManager(command, ray_cfg, on_change), replicas, proxy,
                               host, port, scaler, console=err, grpc_port=grpc_port, tracer_provider=tracer,

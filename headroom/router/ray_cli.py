@@ -69,4 +69,5 @@ def route_ray(
           model_repository=model_repository, model=model, replica_capacity=replica_capacity, hedging=False, tied=False,
           shedding=True, autoscale=autoscale, min_replicas=min_replicas, max_replicas=max_replicas, warm_pool=0,
           drain_timeout_s=drain_timeout_s, ray_address=ray_address, ray_num_cpus=ray_num_cpus,
-          actor_num_cpus=actor_num_cpus, actor_resource=[], placement="spread", replica_host=replica_host)
+          actor_num_cpus=actor_num_cpus, actor_resource=[], placement="spread", replica_host=replica_host,
+          trusted_backends="onnxruntime,torch,llm")

@@ -70,7 +70,8 @@ def shutdown_ray() -> None:
     ray.shutdown()
 
 
-def ray_serve_command(model_repository: Path, models: Sequence[str], drain_timeout_s: float) -> RayCommandFactory:
+def ray_serve_command(model_repository: Path, models: Sequence[str], drain_timeout_s: float,
+                      extra_args: Sequence[str] = ()) -> RayCommandFactory:
     """argv for one `headroom serve` replica bound to (host, HTTP port, gRPC port or -1) on its node; the model
     repository path must exist on every node that may host a replica (a shared volume or the same image)."""
     def command(host: str, port: int, grpc_port: int) -> Sequence[str]:
@@ -79,7 +80,7 @@ def ray_serve_command(model_repository: Path, models: Sequence[str], drain_timeo
                 "--drain-timeout-s", str(drain_timeout_s), "--no-access-log"]
         for m in models:
             argv += ["--model", m]
-        return argv
+        return [*argv, *extra_args]
     return command
 
 

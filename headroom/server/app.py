@@ -40,6 +40,7 @@ from headroom.lifecycle.drift_feed import DriftFeed, DriftFeedConfig
 from headroom.lifecycle.offline import PredictionStore
 from headroom.lifecycle.residency import ResidencyConfig
 from headroom.models.repository import ModelRepository, RepositoryIndex
+from headroom.models.trust import DEFAULT_TRUSTED
 from headroom.server.dataplane import DataPlane
 from headroom.server.gc_monitor import GcMonitor
 from headroom.server.grpc_admin import TritonAdminServicer
@@ -73,6 +74,7 @@ class ServerConfig:
     model_control_mode: str = "none"  # Triton's: none | explicit (load/unload API open) | poll (watch the repo)
     load_models: tuple[str, ...] = ("*",)  # explicit mode: the models loaded at start ("*" = all)
     repository_poll_s: float = 15.0  # poll mode: seconds between repository scans
+    trusted_backends: frozenset[str] = DEFAULT_TRUSTED  # model code it may load (headroom.models.trust)
     freeze_gc_at_ready: bool = True  # gc.freeze() once the models are loaded: full collections then skip the
     #   start-up heap (each paused the process 190-270 ms, about once a minute under load; server/gc_monitor.py)
 
@@ -133,7 +135,7 @@ class Server:
     async def run(self, on_ready: Callable[[Server], None] | None = None) -> None:
         """Start everything, serve until SIGTERM/SIGINT or `stop()`, then drain and shut down."""
         self.gc_monitor.install()
-        repo = ModelRepository(self.config.model_repository)
+        repo = ModelRepository(self.config.model_repository, self.config.trusted_backends)
         index = repo.scan(self.config.models)
         manager = ModelManager(repo, self.dataplane, self.config.model_control_mode, self.config.models)
         if self.config.model_control_mode == "explicit" and "*" not in self.config.load_models:

@@ -135,7 +135,9 @@ def real_server(model: str, repository: Path, timeout_s: float, log_path: Path,
     port = free_port()
     cmd = [sys.executable, "-m", "headroom.cli.main", "serve", "--model-repository", str(repository),
            "--model", model, "--http-port", str(port), "--grpc-port", "-1", "--no-access-log",
-           "--log-level", "warning"]
+           "--log-level", "warning",
+           # the caller named this model in a repository it chose (e.g. the python `sleep` benchmark model)
+           "--trusted-backends", "onnxruntime,torch,llm,python"]
     if cpus:
         cmd += ["--cpus", cpus]
     cmd += extra_args

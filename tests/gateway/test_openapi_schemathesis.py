@@ -17,7 +17,7 @@ import pytest
 
 from tests.gateway.conftest import GatewayServer
 from tests.server.conftest import build_test_repository
-from tests.support.server import run_server
+from tests.support.server import TRUST_PYTHON, run_server
 
 SCHEMATHESIS = shutil.which("schemathesis", path=str(Path(sys.executable).parent))
 
@@ -49,7 +49,7 @@ def schemathesis(
 
 def test_headroom_serve_conforms_to_its_openapi(tmp_path: Path) -> None:
     repo = build_test_repository(tmp_path / "repo")
-    with run_server(repo, tmp_path, ["--model-control-mode", "explicit"]) as server:  # none: load/unload 503
+    with run_server(repo, tmp_path, ["--model-control-mode", "explicit", *TRUST_PYTHON]) as server:
         result = schemathesis(
             server.url,
             tmp_path,

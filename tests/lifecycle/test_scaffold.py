@@ -11,10 +11,11 @@ import yaml
 from typer.testing import CliRunner
 
 from headroom.cli.models import app
-from headroom.lifecycle.defaults import DEFAULT_CONFIGS, NOOP_MODEL_PY
+from headroom.lifecycle.defaults import DEFAULT_CONFIGS
 from headroom.lifecycle.scaffold import onnx_signature, parse_tensor_spec
 from headroom.models.config import TensorSpec, load_model_config
 from headroom.models.repository import ModelRepository
+from headroom.models.trust import DEFAULT_TRUSTED
 from headroom.models.warmup import run_pipeline
 
 PROJECT_MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -86,7 +87,10 @@ def test_pull_a_packaged_default_and_a_local_directory_then_list(digits_repo: Pa
     repo = tmp_path / "repo"
     result = runner.invoke(app, ["pull", "noop", "--model-repository", str(repo)])
     assert result.exit_code == 0, result.output
-    assert (repo / "noop" / "1" / "model.py").read_text() == NOOP_MODEL_PY
+    assert (repo / "noop" / "1").is_dir()  # its class ships with headroom: nothing to build
+    served = ModelRepository(repo, trusted=DEFAULT_TRUSTED)  # what `headroom serve` trusts by default
+    (noop,) = served.load(served.scan(["noop"]))
+    assert noop.model.predict({"input": np.ones((1, 3), np.float32)})["output"].tolist() == [[1.0, 1.0, 1.0]]
     local = runner.invoke(app, ["pull", str(digits_repo / "digits"), "--name", "digits2",
                                 "--model-repository", str(repo)])
     assert local.exit_code == 0, local.output
@@ -107,4 +111,3 @@ def test_packaged_default_configs_match_the_repository_models() -> None:
     for name, text in DEFAULT_CONFIGS.items():
         repo = BENCH_MODELS if name == "noop" else PROJECT_MODELS  # noop: the overhead probe, not a default
         assert yaml.safe_load(text) == yaml.safe_load((repo / name / "config.yaml").read_text())
-    assert (BENCH_MODELS / "noop" / "1" / "model.py").read_text() == NOOP_MODEL_PY

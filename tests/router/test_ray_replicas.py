@@ -27,6 +27,7 @@ from headroom.router.ray_cluster import RayClusterConfig, connect_ray, ray_serve
 from headroom.router.ray_replicas import RayReplicaConfig, RayReplicaManager
 from headroom.router.replicas import free_port
 from tests.server.conftest import build_test_repository
+from tests.support.server import TRUST_PYTHON
 
 INFER = "/v2/models/echo/infer"
 
@@ -90,7 +91,7 @@ async def test_ray_actor_replicas_behind_the_router(ray_cluster: None, tmp_path:
     repo = build_test_repository(tmp_path / "repo")
     router = Router([], ProxyConfig(policy="round_robin", check_interval_s=0.1, shedding=False),
                     rng=random.Random(0))
-    manager = RayReplicaManager(ray_serve_command(repo, ["echo"], 15.0),
+    manager = RayReplicaManager(ray_serve_command(repo, ["echo"], 15.0, TRUST_PYTHON),
                                 RayReplicaConfig(host="127.0.0.1", drain_timeout_s=20.0, start_timeout_s=120.0,
                                                  watch_interval_s=0.2),
                                 on_change=router.set_upstreams)
@@ -169,7 +170,7 @@ async def test_headroom_route_backend_ray_serves_and_drains_on_ctrl_c(tmp_path: 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "headroom.cli.main", "route", "--backend", "ray", "--replicas", "1",
                              "--port", str(port), "--grpc-port", "-1", "--model-repository", str(repo), "--model",
-                             "echo", "--ray-num-cpus", "1", "--policy", "p2c", "--drain-timeout-s", "5"],
+                             "echo", "--ray-num-cpus", "1", "--policy", "p2c", "--drain-timeout-s", "5", *TRUST_PYTHON],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30.0) as client:
@@ -203,7 +204,7 @@ async def test_run_ray_cluster_serves_and_drains_on_stop(ray_cluster: None, tmp_
     repo = build_test_repository(tmp_path / "repo")
     port = free_port()
     stop = asyncio.Event()
-    run = asyncio.create_task(run_ray_cluster(ray_serve_command(repo, ["echo"], 10.0), 1,
+    run = asyncio.create_task(run_ray_cluster(ray_serve_command(repo, ["echo"], 10.0, TRUST_PYTHON), 1,
                                               ProxyConfig(check_interval_s=0.1), RayReplicaConfig(host="127.0.0.1"),
                                               "127.0.0.1", port, stop=stop))
     try:

@@ -20,7 +20,7 @@ from headroom.router.fake_replica import serve_asgi
 from headroom.router.proxy import ProxyConfig, Router
 from headroom.router.upstream import Upstream
 from tests.server.conftest import build_test_repository
-from tests.support.server import RunningServer, run_server
+from tests.support.server import TRUST_PYTHON, RunningServer, run_server
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -32,7 +32,7 @@ def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningS
     tmp = tmp_path_factory.mktemp("traced-replica")
     spans = tmp / "spans.jsonl"
     repo = build_test_repository(tmp / "repo")
-    args = ["--model", "echo", "--grpc-port", "-1", "--trace-spans-file", str(spans)]
+    args = ["--model", "echo", "--grpc-port", "-1", "--trace-spans-file", str(spans), *TRUST_PYTHON]
     with run_server(repo, tmp, args) as server:
         yield server, spans
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.server import RunningServer, run_server
+from tests.support.server import TRUST_PYTHON, RunningServer, run_server
 
 ECHO = """
 import numpy as np
@@ -92,7 +92,7 @@ def test_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="package")
 def server(test_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with run_server(test_repo, tmp_path_factory.mktemp("logs")) as running:
+    with run_server(test_repo, tmp_path_factory.mktemp("logs"), TRUST_PYTHON) as running:
         yield running
 
 

@@ -16,7 +16,7 @@ import tritonclient.http as triton_http
 
 from headroom.server.timing import parse_server_timing
 from tests.server.conftest import seen_tags
-from tests.support.server import RunningServer
+from tests.support.server import TRUST_PYTHON, RunningServer
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -110,7 +110,8 @@ def test_bad_requests_get_clear_errors_and_the_server_stays_healthy(
 def test_oversized_body_gets_413(test_repo: Path, tmp_path: Path) -> None:
     from tests.support.server import run_server
 
-    with run_server(test_repo, tmp_path, ["--max-body-mb", "0.01", "--model", "echo", "--grpc-port", "-1"]) as srv:
+    args = ["--max-body-mb", "0.01", "--model", "echo", "--grpc-port", "-1", *TRUST_PYTHON]
+    with run_server(test_repo, tmp_path, args) as srv:
         data = list(range(5000))
         r = httpx.post(f"{srv.url}/v2/models/echo/infer",
                        json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [2500, 2], "data": data}]})

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.server import run_server
+from tests.support.server import TRUST_PYTHON, run_server
 
 
 def test_sigterm_reports_not_ready_and_finishes_in_flight_requests(test_repo: Path, tmp_path: Path) -> None:
-    with run_server(test_repo, tmp_path, ["--model", "slow", "--grpc-port", "-1"]) as srv:
+    with run_server(test_repo, tmp_path, ["--model", "slow", "--grpc-port", "-1", *TRUST_PYTHON]) as srv:
         results: list[httpx.Response] = []
         body = {"inputs": [{"name": "delay_ms", "datatype": "FP32", "shape": [1, 1], "data": [800]},
                            {"name": "tag", "datatype": "INT64", "shape": [1, 1], "data": [900]}]}

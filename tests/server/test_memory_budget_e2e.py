@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from headroom.cli import models as models_cli
 from headroom.server.app import Server, ServerConfig
-from tests.support.server import run_server
+from tests.support.server import TRUST_PYTHON, run_server
 
 # Each model adds its own offset and records every load in its version directory.
 ADDER = """
@@ -76,8 +76,9 @@ def _loads(repo: Path, name: str) -> int:
 def test_three_models_alternate_through_a_budget_that_holds_one_of_them(tmp_path: Path) -> None:
     repo = _repository(tmp_path / "repo")
     budget_mb = 2.5  # pinned (1 MiB + model.py) + one more; never two of alpha/beta/gamma
-    with run_server(repo, tmp_path, ["--grpc-port", "-1", "--model-memory-budget-mb", str(budget_mb),
-                                          "--model-control-mode", "explicit"]) as srv:
+    args = ["--grpc-port", "-1", "--model-memory-budget-mb", str(budget_mb), "--model-control-mode", "explicit",
+            *TRUST_PYTHON]
+    with run_server(repo, tmp_path, args) as srv:
         index = {row["name"]: row for row in httpx.post(srv.url + "/v2/repository/index", timeout=10).json()}
         assert index["pinned"]["state"] == "READY" and index["alpha"]["state"] == "READY"  # ready = initial set
         assert index["beta"]["state"] == "UNAVAILABLE" and "not resident" in index["beta"]["reason"]
@@ -131,6 +132,7 @@ def test_three_models_alternate_through_a_budget_that_holds_one_of_them(tmp_path
 
 def test_pinned_models_that_do_not_fit_are_a_startup_error(tmp_path: Path) -> None:
     repo = _repository(tmp_path / "repo")
-    config = ServerConfig(model_repository=repo, http_port=0, grpc_port=-1, model_memory_budget_bytes=1 << 19)
+    config = ServerConfig(model_repository=repo, http_port=0, grpc_port=-1, model_memory_budget_bytes=1 << 19,
+                          trusted_backends=frozenset({"python"}))
     with pytest.raises(ValueError, match=r"pinned models \['pinned'\].*--model-memory-budget-mb"):
         asyncio.run(Server(config).run())  # `headroom serve` prints this message and exits with status 2

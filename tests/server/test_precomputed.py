@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 
 from tests.server.test_http_e2e import metric
-from tests.support.server import run_server
+from tests.support.server import TRUST_PYTHON, run_server
 
 
 def test_precomputed_hits_equal_online_results_and_misses_fall_back(test_repo: Path, tmp_path: Path) -> None:
@@ -21,7 +21,8 @@ def test_precomputed_hits_equal_online_results_and_misses_fall_back(test_repo: P
     subprocess.run([sys.executable, "-m", "headroom.cli.main", "batch", "echo", "--dataset", str(dataset),
                     "--output", str(store), "--model-repository", str(test_repo)], check=True,
                    capture_output=True)
-    with run_server(test_repo, tmp_path, ["--model", "echo", "--grpc-port", "-1", "--precomputed", str(store)]) as srv:
+    args = ["--model", "echo", "--grpc-port", "-1", "--precomputed", str(store), *TRUST_PYTHON]
+    with run_server(test_repo, tmp_path, args) as srv:
         def infer(rows: np.ndarray) -> list[float]:
             body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(rows.shape),
                                 "data": rows.ravel().tolist()}], "outputs": [{"name": "y"}]}

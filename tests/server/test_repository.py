@@ -10,7 +10,7 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from tests.server.conftest import build_test_repository
-from tests.support.server import run_server
+from tests.support.server import TRUST_PYTHON, run_server
 
 
 def _infer_echo(client: triton_http.InferenceServerClient, version: str = "") -> np.ndarray:
@@ -21,7 +21,8 @@ def _infer_echo(client: triton_http.InferenceServerClient, version: str = "") ->
 
 def test_load_unload_reload_and_a_failed_reload_keeps_the_old_version(tmp_path: Path) -> None:
     repo = build_test_repository(tmp_path / "repo")
-    args = ["--grpc-port", "-1", "--model", "echo", "--model", "text", "--model-control-mode", "explicit"]
+    args = ["--grpc-port", "-1", "--model", "echo", "--model", "text", "--model-control-mode", "explicit",
+            *TRUST_PYTHON]
     with run_server(repo, tmp_path, args) as srv:
         client = triton_http.InferenceServerClient(srv.http_target)
         index = {row["name"]: row for row in client.get_model_repository_index()}
@@ -56,7 +57,7 @@ def test_load_unload_reload_and_a_failed_reload_keeps_the_old_version(tmp_path: 
 
 def test_explicit_mode_loads_only_load_model_at_start(tmp_path: Path) -> None:
     repo = build_test_repository(tmp_path / "repo")
-    args = ["--grpc-port", "-1", "--model-control-mode", "explicit", "--load-model", "echo"]
+    args = ["--grpc-port", "-1", "--model-control-mode", "explicit", "--load-model", "echo", *TRUST_PYTHON]
     with run_server(repo, tmp_path, args) as srv:
         client = triton_http.InferenceServerClient(srv.http_target)
         states = {row["name"]: row["state"] for row in client.get_model_repository_index()}
@@ -78,7 +79,7 @@ def test_load_model_needs_explicit_mode_and_a_known_name(tmp_path: Path) -> None
 
     repo = build_test_repository(tmp_path / "repo")
     base = [sys.executable, "-m", "headroom.cli.main", "serve", "--model-repository", str(repo), "--http-port", "0",
-            "--grpc-port", "-1"]
+            "--grpc-port", "-1", *TRUST_PYTHON]
     done = subprocess.run([*base, "--load-model", "echo"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--load-model needs --model-control-mode explicit" in done.stderr
     done = subprocess.run([*base, "--model-control-mode", "explicit", "--load-model", "ecko"], capture_output=True,

@@ -9,7 +9,7 @@ import httpx
 
 from headroom.server.repository_poll import fingerprint, poll_plan
 from tests.server.conftest import build_test_repository
-from tests.support.server import run_server
+from tests.support.server import TRUST_PYTHON, run_server
 
 
 def test_plan_loads_new_and_changed_and_unloads_removed() -> None:
@@ -28,7 +28,8 @@ def test_fingerprint_changes_with_config_and_version_files(tmp_path: Path) -> No
 
 def test_poll_mode_reloads_a_changed_model_and_refuses_the_api(tmp_path: Path) -> None:
     repo = build_test_repository(tmp_path / "repo")
-    args = ["--grpc-port", "-1", "--model", "echo", "--model-control-mode", "poll", "--repository-poll-secs", "0.2"]
+    args = ["--grpc-port", "-1", "--model", "echo", "--model-control-mode", "poll", "--repository-poll-secs", "0.2",
+            *TRUST_PYTHON]
     with run_server(repo, tmp_path, args) as srv:
         assert httpx.post(srv.url + "/v2/repository/models/echo/load").status_code == 503  # as Triton's POLL
         (repo / "echo" / "2").mkdir()

@@ -16,7 +16,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.support.server import run_server
+from tests.support.server import TRUST_PYTHON, run_server
 
 BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
 
@@ -33,7 +33,7 @@ def test_api_keys_roles_and_rate_limits_through_headroom_serve(test_repo: Path, 
     admin = _create_key(keys_file, "ops", "admin")
     assert user not in keys_file.read_text()  # only hashes are stored
     args = ["--model", "echo", "--api-keys-file", str(keys_file), "--rate-limit-rps", "2",
-            "--rate-limit-burst", "3"]
+            "--rate-limit-burst", "3", *TRUST_PYTHON]
     with run_server(test_repo, tmp_path, args) as srv:
         url = f"{srv.url}/v2/models/echo/infer"
         assert httpx.get(srv.url + "/v2/health/ready").status_code == 200  # health needs no key
@@ -76,7 +76,7 @@ def _read_until_closed(sock: socket.socket, limit_s: float) -> bytes:
 def test_slow_headers_get_408_and_the_connection_closed(test_repo: Path, tmp_path: Path) -> None:
     """Slowloris before the body: half a request line and one header, then silence; and a connection that
     never sends anything. Both are answered 408 and closed by the server; a prompt request still works."""
-    with run_server(test_repo, tmp_path, ["--model", "echo", "--headers-timeout-s", "1"]) as srv:
+    with run_server(test_repo, tmp_path, ["--model", "echo", "--headers-timeout-s", "1", *TRUST_PYTHON]) as srv:
         with socket.create_connection(("127.0.0.1", srv.http_port)) as slow:
             slow.sendall(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n")
             received = _read_until_closed(slow, 30.0)

@@ -23,7 +23,7 @@ from tritonclient._plugin import InferenceServerClientPlugin
 from tritonclient.utils import InferenceServerException
 
 from tests.server.conftest import build_test_repository
-from tests.support.server import RunningServer, run_server
+from tests.support.server import TRUST_PYTHON, RunningServer, run_server
 
 #: public methods that make no server call of their own; each reason says why no server check applies.
 NOT_APPLICABLE: dict[str, str] = {}
@@ -32,7 +32,8 @@ NOT_APPLICABLE: dict[str, str] = {}
 @pytest.fixture(scope="module")
 def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = build_test_repository(tmp_path_factory.mktemp("triton-repo"))
-    with run_server(repo, tmp_path_factory.mktemp("triton-logs"), ["--model-control-mode", "explicit"]) as srv:
+    args = ["--model-control-mode", "explicit", *TRUST_PYTHON]
+    with run_server(repo, tmp_path_factory.mktemp("triton-logs"), args) as srv:
         yield srv
 
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.server.conftest import build_test_repository
-from tests.support.server import RunningServer, run_server
+from tests.support.server import TRUST_PYTHON, RunningServer, run_server
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium-headless-shell", "chromium", "chromium-browser",
                                                         "google-chrome")) if p), None)
@@ -28,7 +28,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     if CHROMIUM is None:
         pytest.fail("no Chromium binary on PATH: run `apt-get install chromium-headless-shell` (make test does)")
     repo = build_test_repository(tmp_path_factory.mktemp("repo"))
-    with run_server(repo, tmp_path_factory.mktemp("logs"), ["--grpc-port", "-1"]) as running:
+    with run_server(repo, tmp_path_factory.mktemp("logs"), ["--grpc-port", "-1", *TRUST_PYTHON]) as running:
         yield running
 
 

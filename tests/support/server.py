@@ -15,6 +15,9 @@ from pathlib import Path
 
 import httpx
 
+#: `headroom serve` flags for a repository of python-backend test models (refused under the default allowlist).
+TRUST_PYTHON = ("--trusted-backends", "onnxruntime,torch,llm,python")
+
 
 def free_port() -> int:
     with socket.socket() as s:
