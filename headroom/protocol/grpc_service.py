@@ -29,6 +29,7 @@ from google.protobuf import message_factory
 from headroom.core.dataplane import InferenceDataPlane
 from headroom.core.errors import HeadroomError
 from headroom.core.types import InferenceRequest, InferenceResponse
+from headroom.models.config import ModelConfig
 from headroom.protocol.generated import headroom_inference_pb2 as pb
 from headroom.protocol.grpc_codec import decode_model_infer, encode_model_infer
 from headroom.protocol.http_response import Labels, server_timing
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 #: (model name, model version) -> classification labels per output name, or None.
 LabelLookup = Callable[[str, str], Labels | None]
+#: (model name, model version) -> the model's config (inputs are checked against it while decoding), or None.
+ConfigLookup = Callable[[str, str], ModelConfig | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +111,10 @@ class InferenceServicer:
         labels: LabelLookup | None = None,
         new_request_id: Callable[[], str] = _new_request_id,
         cancel_grace_s: float = DEFAULT_CANCEL_GRACE_S,
+        configs: ConfigLookup | None = None,
     ) -> None:
         self._dataplane = dataplane
+        self._configs = configs
         self._cancel_grace_s = cancel_grace_s
         self._labels = labels
         self._new_request_id = new_request_id
@@ -139,7 +144,8 @@ class InferenceServicer:
         )
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        decoded = decode_model_infer(request, self._new_request_id())
+        config = self._configs(request.model_name, request.model_version) if self._configs else None
+        decoded = decode_model_infer(request, self._new_request_id(), config)
         response = await _infer_until_disconnect(self._dataplane, decoded, context, self._cancel_grace_s)
         labels = self._labels(response.model_name, response.model_version) if self._labels else None
         message = encode_model_infer(response, labels)
@@ -209,11 +215,12 @@ async def bind_grpc_server(
     labels: LabelLookup | None = None,
     interceptors: Sequence[Any] = (),
     credentials: Any = None,
+    configs: ConfigLookup | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Create, bind and start the server; returns it with the bound port (useful with `port=0`).
 
     `interceptors` (e.g. the gateway's auth/rate-limit interceptor) run before every RPC; `credentials`
-    (grpc.ssl_server_credentials) turn on TLS.
+    (grpc.ssl_server_credentials) turn on TLS; `configs` lets ModelInfer check inputs while decoding.
     """
     cfg = config or GrpcServerConfig()
     options = [
@@ -223,7 +230,7 @@ async def bind_grpc_server(
     ]
     server = grpc.aio.server(options=options, interceptors=list(interceptors))
     server.add_generic_rpc_handlers(
-        (service_handler(InferenceServicer(dataplane, labels, cancel_grace_s=cfg.cancel_grace_s)),)
+        (service_handler(InferenceServicer(dataplane, labels, cancel_grace_s=cfg.cancel_grace_s, configs=configs)),)
     )
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:

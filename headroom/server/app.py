@@ -164,7 +164,7 @@ class Server:
             creds = grpc_server_credentials(self.config.tls) if self.config.tls is not None else None
             self._grpc, self.grpc_port = await bind_grpc_server(
                 self.dataplane, self.config.host, self.config.grpc_port, labels=self.dataplane.labels,
-                interceptors=[interceptor], credentials=creds)
+                interceptors=[interceptor], credentials=creds, configs=self.dataplane.config_of)
         self._load_task = asyncio.create_task(self._load(repo, index, manager, on_ready), name="model-loader")
         try:
             await self._stop.wait()

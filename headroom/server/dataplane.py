@@ -234,6 +234,13 @@ class DataPlane:
         except ModelNotFound:
             return None
 
+    def config_of(self, name: str, version: str = "") -> ModelConfig | None:
+        """The config requests for `name` are checked against while decoding (None: unknown, 404 later)."""
+        try:
+            return self.served(name, version).config
+        except ModelNotFound:
+            return None
+
     def model_ready(self, name: str, version: str = "") -> bool:
         if self._residency is not None and self._residency.not_resident_config(name) is not None:
             return False  # known, loads on the next request

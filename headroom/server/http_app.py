@@ -158,7 +158,7 @@ class HttpApi:
 
     async def infer(self, request: Request) -> Response:
         p = request.path_params
-        self.dp.served(p["model"], p.get("version", ""))  # 404 before reading the body
+        served = self.dp.served(p["model"], p.get("version", ""))  # 404 before reading the body
         body = await read_body(request, self.limits.max_body_bytes)
         header_len = request.headers.get("inference-header-content-length")
         try:
@@ -166,7 +166,7 @@ class HttpApi:
         except ValueError:
             raise InvalidRequest("Inference-Header-Content-Length must be an integer") from None
         decoded = decode_infer_request(body, header_length, p["model"], p.get("version", ""),
-                                       self._request_id(request))
+                                       self._request_id(request), served.config)
         timeout_ms = self._timeout_ms(request)
         if timeout_ms is not None:
             current = decoded.timeout_ms
