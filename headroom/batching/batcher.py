@@ -158,8 +158,9 @@ class Batcher:
         if self._cfg.batching and size > self._cfg.policy.max_batch_size:
             cap = self._cfg.policy.max_batch_size
             raise InvalidRequest(f"request batch size {size} exceeds the model's max_batch_size {cap}")
+        key = self._model.batch_key(model_inputs) if self._cfg.batching else ()
         item = QueuedItem(enqueued_s=now_s, deadline_s=deadline_s, size=size, priority=priority,
-                          group=group, stream=stream)
+                          group=group, stream=stream, batch_key=key)
         entry = Entry(item=item, inputs=model_inputs, parameters=parameters, future=loop.create_future(),
                       admitted_s=admitted_s, preprocess_s=preprocess_s)
         entry.future.add_done_callback(_consume_exception)

@@ -6,6 +6,7 @@ Example (all keys but `backend`, `inputs` and `outputs` optional)::
     max_batch_size: 32            # 0 = the model does not batch; shapes then include every dimension
     inputs:
       - {name: input, datatype: FP32, shape: [1, 8, 8]}   # without the batch dimension when batching
+      # - {name: tokens, datatype: INT64, shape: [-1], allow_ragged_batch: true}  # see Model.batch_key
     outputs:
       - {name: probabilities, datatype: FP32, shape: [10]}
     dynamic_batching:
@@ -48,6 +49,7 @@ class TensorSpec:
     name: str  # tensor name used on the wire
     datatype: str  # V2 datatype name
     shape: tuple[int, ...]  # per-item shape (no batch dim when max_batch_size > 0); -1 = any size
+    allow_ragged_batch: bool = False  # inputs: requests of other sizes may share a batch (the model pads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +135,10 @@ def _tensor_specs(raw: Any, where: str) -> tuple[TensorSpec, ...]:
             raise ValueError(f"{where}[{i}].datatype: {datatype!r} is not one of {', '.join(V2_TO_NUMPY)}")
         if not isinstance(shape, list) or not all(isinstance(d, int) and (d > 0 or d == -1) for d in shape):
             raise ValueError(f"{where}[{i}].shape: a list of positive ints or -1 is required, got {shape!r}")
-        specs.append(TensorSpec(name=name, datatype=str(datatype), shape=tuple(shape)))
+        ragged = item.get("allow_ragged_batch", False)
+        if not isinstance(ragged, bool):
+            raise ValueError(f"{where}[{i}].allow_ragged_batch: true or false, got {ragged!r}")
+        specs.append(TensorSpec(name=name, datatype=str(datatype), shape=tuple(shape), allow_ragged_batch=ragged))
     return tuple(specs)
 
 

@@ -36,6 +36,8 @@ from headroom.server.metrics import ModelObserver, ServerMetrics
 
 log = logging.getLogger("headroom.access")
 
+#: The `model`/`version` label of requests for a model or version that is not served.
+UNKNOWN_LABEL = "__unknown__"
 EXTENSIONS = ("binary_tensor_data", "classification", "model_repository", "statistics")
 
 
@@ -234,6 +236,19 @@ class DataPlane:
         except ModelNotFound:
             return None
 
+    def resolve(self, name: str, version: str = "") -> ServedVersion:
+        """`served` for an inference route that checks the model before reading the body: a 404 is counted
+        (under UNKNOWN_LABEL) as `infer` would count it."""
+        try:
+            return self.served(name, version)
+        except ModelNotFound as exc:
+            self._metrics.observe_request(*self._unknown_labels(name), _outcome(exc), None)
+            raise
+
+    def _unknown_labels(self, name: str) -> tuple[str, str]:
+        """Series labels never come from unvalidated client input: one fixed label for unknown names."""
+        return (name if name in self._slots else UNKNOWN_LABEL), UNKNOWN_LABEL
+
     def config_of(self, name: str, version: str = "") -> ModelConfig | None:
         """The config requests for `name` are checked against while decoding (None: unknown, 404 later)."""
         try:
@@ -288,6 +303,8 @@ class DataPlane:
         except HeadroomError as exc:
             if slot is not None:
                 slot.failure += 1
+            else:
+                name, version = self._unknown_labels(name)
             self._metrics.observe_request(name, version, _outcome(exc), None)
             self._log(request, version, exc.http_status, start_s, exc.reason)
             raise

@@ -158,7 +158,7 @@ class HttpApi:
 
     async def infer(self, request: Request) -> Response:
         p = request.path_params
-        served = self.dp.served(p["model"], p.get("version", ""))  # 404 before reading the body
+        served = self.dp.resolve(p["model"], p.get("version", ""))  # 404 before reading the body
         body = await read_body(request, self.limits.max_body_bytes)
         header_len = request.headers.get("inference-header-content-length")
         try:
@@ -180,7 +180,7 @@ class HttpApi:
     async def classify_image(self, request: Request) -> Response:
         """`POST /v2/models/{m}/classify?top_k=3&min_confidence=0.5` with a PNG/JPEG body (listing 1)."""
         p = request.path_params
-        self.dp.served(p["model"], p.get("version", ""))
+        self.dp.resolve(p["model"], p.get("version", ""))
         try:
             top_k = int(request.query_params.get("top_k", "3"))
             min_conf = float(request.query_params.get("min_confidence", "0"))
@@ -214,7 +214,7 @@ class HttpApi:
             return _openai_error("'encoding_format' must be 'float' or 'base64'", 400, "encoding_format")
         data = np.array([t.encode("utf-8") for t in texts], dtype=object)
         try:
-            spec = self.dp.served(model).config.inputs[0]
+            spec = self.dp.resolve(model).config.inputs[0]
             shape = (len(texts), *(1 for _ in spec.shape))  # one string per batch row
             name = spec.name
             req = InferenceRequest(request_id=self._request_id(request), model_name=model, model_version="",

@@ -53,3 +53,20 @@ def test_default_warmup_inputs_follow_the_declared_specs() -> None:
 def test_non_batching_model_warmup_has_no_batch_dimension() -> None:
     model = Model(parse_model_config({**BASE, "max_batch_size": 0}, "m"))
     assert model.warmup_inputs(1)["pixels"].shape == (2, 1)
+
+
+def test_batch_key_is_the_non_batch_dims_except_ragged_inputs() -> None:
+    inputs = [{**BASE["inputs"][0], "allow_ragged_batch": True}, BASE["inputs"][1]]  # type: ignore[index]
+    ragged = Model(parse_model_config({**BASE, "inputs": inputs}, "m"))
+    strict = Model(parse_model_config(BASE, "m"))
+    a = {"pixels": np.zeros((1, 2, 3), np.uint8), "text": np.zeros((1, 1), object)}
+    b = {"pixels": np.zeros((3, 2, 5), np.uint8), "text": np.zeros((3, 1), object)}
+    assert strict.batch_key(a) != strict.batch_key(b)
+    assert strict.batch_key(a) == strict.batch_key({**a, "pixels": np.ones((4, 2, 3), np.uint8)})
+    assert ragged.batch_key(a) == ragged.batch_key(b) == (("text", (1,)),)
+
+
+def test_allow_ragged_batch_must_be_a_bool() -> None:
+    inputs = [{**BASE["inputs"][0], "allow_ragged_batch": "yes"}]  # type: ignore[index]
+    with pytest.raises(ValueError, match=r"inputs\[0\].allow_ragged_batch: true or false"):
+        parse_model_config({**BASE, "inputs": inputs}, "m")
