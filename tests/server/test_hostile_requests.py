@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,17 +21,9 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.protocol.strategies import hostile_shapes
+from tests.server.conftest import ECHO, _model
 from tests.server.test_http_e2e import metric
 from tests.support.server import RunningServer, run_server
-
-VARY = """
-import numpy as np
-
-class Vary:
-    def predict(self, inputs):
-        x = inputs["x"]
-        return {"y": x * 2, "batch": np.full((x.shape[0], 1), x.shape[0], dtype=np.int32)}
-"""
 
 WORDS = """
 import numpy as np
@@ -41,12 +32,6 @@ class Words:
     def predict(self, inputs):
         return {"n": np.array([[len(row)] for row in inputs["w"]], dtype=np.int64)}
 """
-
-
-def _model(root: Path, name: str, config: str, code: str) -> None:
-    (root / name / "1").mkdir(parents=True)
-    (root / name / "config.yaml").write_text(textwrap.dedent(config))
-    (root / name / "1" / "model.py").write_text(textwrap.dedent(code))
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +44,7 @@ def hostile_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running
         outputs: [{name: y, datatype: FP32, shape: [-1]}, {name: batch, datatype: INT32, shape: [1]}]
         dynamic_batching: {max_queue_delay_ms: 20, max_queue_size: 256}
         warmup: {batch_sizes: [1]}
-    """, VARY)
+    """, ECHO)
     _model(root, "words", """
         backend: python
         max_batch_size: 8
