@@ -63,7 +63,9 @@ class BatchingConfig:
     default_timeout_ms: float = 30_000.0  # deadline for a request that names none
     priority_levels: int = 1  # number of priority levels (1 = highest); FIFO within a level
     static_timeout_ms: float = 100.0  # static mode: safety timeout when a full batch never forms
-    slo_p99_ms: float = 100.0  # adaptive mode: latency budget the window must respect
+    # the latency objective: admission refuses (503) a request whose predicted delay exceeds it, and the
+    # adaptive window respects it; None: admission uses default_timeout_ms, the adaptive window 100 ms
+    slo_p99_ms: float | None = None
     sync_deadline_ms: float = 33.0  # multistream: how long a frame waits for its missing streams
     expected_streams: tuple[str, ...] = ()  # multistream: stream ids a complete frame carries
 
@@ -162,6 +164,8 @@ def _batching(raw: Any, where: str) -> BatchingConfig:
         raise ValueError(f"{where}: max_queue_delay_ms >= 0, max_queue_size >= 1, priority_levels >= 1")
     if cfg.default_timeout_ms <= 0:
         raise ValueError(f"{where}.default_timeout_ms: must be > 0")
+    if cfg.slo_p99_ms is not None and not cfg.slo_p99_ms > 0:
+        raise ValueError(f"{where}.slo_p99_ms: must be > 0 ms when set")
     if any(b < 1 for b in cfg.preferred_batch_sizes):
         raise ValueError(f"{where}.preferred_batch_sizes: every size must be >= 1")
     return cfg

@@ -52,6 +52,12 @@ class LoadedModel:
     model: Model  # the loaded Model object (preprocess/collate/predict/split/postprocess)
     cold_start: tuple[ColdStartStage, ...]  # timed stages in order: read_weights, build_session, warmup, ...
     warmup_batch_sizes: tuple[int, ...]  # batch sizes the warmup executed
+    warmup_batch_s: tuple[float, ...] = ()  # seconds each of those batches took (pipeline end to end)
+
+    @property
+    def warmup_service_s(self) -> float:
+        """The largest warmup batch's time: the batcher's service-time estimate before any request."""
+        return self.warmup_batch_s[-1] if self.warmup_batch_s else 0.0
 
     @property
     def name(self) -> str:
@@ -138,7 +144,7 @@ class ModelRepository:
         try:
             model.load(ctx)
             with ctx.stage("warmup"):
-                sizes = run_warmup(model)
+                runs = run_warmup(model)
         except ModelLoadError:
             model.unload()
             raise
@@ -147,7 +153,8 @@ class ModelRepository:
             raise ModelLoadError(
                 f"{version_dir}: loading model {entry.name!r} failed: {type(exc).__name__}: {exc}"
             ) from exc
-        loaded = LoadedModel(entry.config, str(version), version_dir, model, tuple(stages), sizes)
+        loaded = LoadedModel(entry.config, str(version), version_dir, model, tuple(stages),
+                             tuple(size for size, _ in runs), tuple(seconds for _, seconds in runs))
         log.info(
             "loaded %s v%s in %.3fs (%s)",
             entry.name,

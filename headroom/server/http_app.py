@@ -22,6 +22,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from headroom.core.dataplane import ModelMetadata
+from headroom.core.deadline import client_timeout_ms, shorter
 from headroom.core.errors import HeadroomError, InvalidRequest, NotReady, PayloadTooLarge
 from headroom.core.types import InferenceRequest, Tensor
 from headroom.protocol.v2_http import decode_infer_request, encode_infer_response
@@ -147,18 +148,11 @@ class HttpApi:
     def _request_id(self, request: Request) -> str:
         return request.headers.get("x-request-id") or f"req-{next(self._ids)}"
 
-    def _timeout_ms(self, request: Request) -> float | None:
-        raw = request.headers.get("x-request-timeout-ms")
-        if raw is None:
-            return None
-        try:
-            return float(raw)
-        except ValueError:
-            raise InvalidRequest(f"X-Request-Timeout-Ms must be a number of milliseconds, got {raw!r}") from None
-
     async def infer(self, request: Request) -> Response:
         p = request.path_params
         served = self.dp.resolve(p["model"], p.get("version", ""))  # 404 before reading the body
+        timeout_ms = client_timeout_ms(request.headers)
+        self.dp.admit_early(p["model"], p.get("version", ""), timeout_ms)  # 503 before reading the body
         body = await read_body(request, self.limits.max_body_bytes)
         header_len = request.headers.get("inference-header-content-length")
         try:
@@ -167,10 +161,8 @@ class HttpApi:
             raise InvalidRequest("Inference-Header-Content-Length must be an integer") from None
         decoded = decode_infer_request(body, header_length, p["model"], p.get("version", ""),
                                        self._request_id(request), served.config)
-        timeout_ms = self._timeout_ms(request)
         if timeout_ms is not None:
-            current = decoded.timeout_ms
-            decoded = replace(decoded, timeout_ms=timeout_ms if current is None else min(current, timeout_ms))
+            decoded = replace(decoded, timeout_ms=shorter(decoded.timeout_ms, timeout_ms))
         response = await self.dp.infer(decoded, disconnect_watcher(request))
         payload, headers = encode_infer_response(response, binary_default=decoded.binary_output_default,
                                                  labels=self.dp.labels(response.model_name, response.model_version))
@@ -218,7 +210,8 @@ class HttpApi:
             shape = (len(texts), *(1 for _ in spec.shape))  # one string per batch row
             name = spec.name
             req = InferenceRequest(request_id=self._request_id(request), model_name=model, model_version="",
-                                   inputs=(Tensor(name, "BYTES", shape, data.reshape(shape)),))
+                                   inputs=(Tensor(name, "BYTES", shape, data.reshape(shape)),),
+                                   timeout_ms=client_timeout_ms(request.headers))
             result = await self.dp.infer(req, disconnect_watcher(request))
         except HeadroomError as exc:
             return _openai_error(exc.message, exc.http_status, None, exc.retry_after_s)

@@ -22,7 +22,8 @@ from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound
 from headroom.lifecycle.memory_budget import model_size_bytes
 from headroom.lifecycle.residency import Residency, ResidencyConfig
 from headroom.models.repository import LoadedModel, ModelEntry, ModelRepository, RepositoryIndex
-from headroom.server.dataplane import DataPlane, ServedVersion
+from headroom.server.dataplane import DataPlane
+from headroom.server.served import ServedVersion
 
 log = logging.getLogger("headroom.models")
 
@@ -30,7 +31,8 @@ log = logging.getLogger("headroom.models")
 def served_version(loaded: LoadedModel) -> ServedVersion:
     """What the data plane serves for a loaded version."""
     return ServedVersion(name=loaded.name, version=loaded.version, config=loaded.config, model=loaded.model,
-                         cold_start=loaded.cold_start, version_dir=loaded.version_dir)
+                         cold_start=loaded.cold_start, version_dir=loaded.version_dir,
+                         warmup_service_s=loaded.warmup_service_s)
 
 
 def entry_size_bytes(entry: ModelEntry) -> int:

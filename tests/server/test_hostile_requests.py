@@ -151,3 +151,16 @@ def test_unknown_model_names_are_counted_under_one_label(hostile_server: Running
     assert not any(name in text for name in names) and "7-bogus" not in text
     assert metric(text, "headroom_requests_total", model="__unknown__", version="__unknown__") == 6
     assert metric(text, "headroom_requests_total", model="vary", version="__unknown__") == 1
+
+
+def test_x_request_timeout_ms_applies_to_embeddings(hostile_server: RunningServer) -> None:
+    """Issue 17: the header was ignored on /v1/embeddings. A 1 µs budget expires before the batch (504);
+    a malformed one is a 400 in OpenAI's error shape."""
+    url = f"{hostile_server.url}/v1/embeddings"
+    body = {"model": "words", "input": ["a b c"]}
+    assert httpx.post(url, json=body, timeout=30).status_code == 200
+    late = httpx.post(url, json=body, headers={"X-Request-Timeout-Ms": "0.001"}, timeout=30)
+    assert late.status_code == 504 and "deadline" in late.json()["error"]["message"], late.text
+    for bad in ("soon", "0", "-5", "nan", "inf"):
+        r = httpx.post(url, json=body, headers={"X-Request-Timeout-Ms": bad}, timeout=30)
+        assert r.status_code == 400 and "X-Request-Timeout-Ms" in r.json()["error"]["message"], r.text

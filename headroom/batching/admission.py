@@ -1,0 +1,64 @@
+"""Deadline-aware admission: admit a request only if its predicted delay fits its latency budget.
+
+A pure function of (backlog, budget): no clock, no state. The batcher calls it on every submit, and the
+HTTP route calls it through the data plane before reading the body, with the budget the headers allow.
+
+    ahead_batches  = ceil(requests_ahead / max_batch_size)      # admitted, unfinished requests
+    predicted_s    = (ahead_batches + 1) x service_time_s / instances   # the queue ahead, then its own batch
+    admit          = requests_ahead == 0 or predicted_s <= budget_s
+    retry_after_s  = ahead_batches x service_time_s / instances         # time for the backlog to drain
+
+A request with nothing ahead of it is always admitted: it is the fastest the model can serve, and its batch
+keeps the service-time estimate current. The budget is the smaller of the model's SLO (its default timeout
+when no SLO is configured) and the client's timeout, minus the time already spent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """What is ahead of a new request at one model version."""
+
+    requests_ahead: int  # admitted and not yet answered (queued, preprocessing or executing)
+    service_time_s: float  # estimated seconds per batch (warm-started from warmup)
+    max_batch_size: int = 1  # requests one batch can take (1 for a model that does not batch)
+    instances: int = 1  # batches that execute concurrently
+
+    def __post_init__(self) -> None:
+        if self.requests_ahead < 0 or self.service_time_s < 0:
+            raise ValueError("requests_ahead and service_time_s must be >= 0")
+        if self.max_batch_size < 1 or self.instances < 1:
+            raise ValueError("max_batch_size and instances must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionDecision:
+    """The verdict and the numbers behind it (they go into the 503's message)."""
+
+    admitted: bool  # False: answer 503 with Retry-After
+    predicted_s: float  # predicted time until the request's own batch finishes
+    retry_after_s: float  # predicted time for the backlog ahead to drain
+
+
+def admit(backlog: Backlog, budget_s: float) -> AdmissionDecision:
+    """Admit unless the backlog ahead plus the request's own batch would overrun `budget_s`."""
+    ahead_batches = math.ceil(backlog.requests_ahead / backlog.max_batch_size)
+    per_batch_s = backlog.service_time_s / backlog.instances
+    predicted_s = (ahead_batches + 1) * per_batch_s
+    admitted = backlog.requests_ahead == 0 or predicted_s <= budget_s
+    return AdmissionDecision(admitted=admitted, predicted_s=predicted_s, retry_after_s=ahead_batches * per_batch_s)
+
+
+def refusal_message(model: str, backlog: Backlog, decision: AdmissionDecision, budget_s: float) -> str:
+    """Why a request was refused, for the 503's JSON body."""
+    return (
+        f"model '{model}' is overloaded: {backlog.requests_ahead} requests ahead at "
+        f"{backlog.service_time_s * 1e3:.1f} ms per batch of up to {backlog.max_batch_size} predict "
+        f"{decision.predicted_s * 1e3:.0f} ms until this request is served, over its latency budget of "
+        f"{budget_s * 1e3:.0f} ms (the model's SLO or the client's timeout, whichever is shorter); retry after "
+        f"{decision.retry_after_s:.2f} s"
+    )
