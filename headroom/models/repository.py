@@ -56,8 +56,9 @@ class LoadedModel:
 
     @property
     def warmup_service_s(self) -> float:
-        """The largest warmup batch's time: the batcher's service-time estimate before any request."""
-        return self.warmup_batch_s[-1] if self.warmup_batch_s else 0.0
+        """The fastest warmup batch's time: the batcher's service-time estimate before any request. Optimistic
+        on purpose (small batches at low load; no refusals at start), the first measured batches take over."""
+        return min(self.warmup_batch_s, default=0.0)
 
     @property
     def name(self) -> str:
