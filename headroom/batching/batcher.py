@@ -70,7 +70,7 @@ class BatcherConfig:
     instances: int = 1  # batches that may execute concurrently
     batching: bool = True  # False: every request runs alone (max_batch_size 0 models)
     retry_after_s: float = 1.0  # Retry-After advertised on a full queue's 503
-    initial_service_s: float = 0.0  # service-time estimate before the first batch (warmup's measurement)
+    warmup_batches: tuple[tuple[int, float], ...] = ()  # (items, seconds) of warmup's batches: the first estimate
 
 
 class Batcher:
@@ -94,7 +94,9 @@ class Batcher:
         self._loop_task: asyncio.Task[None] | None = None
         self._batch_tasks: set[asyncio.Task[None]] = set()
         self._arrivals = ArrivalRateEstimator()
-        self._service = ServiceTimeEstimator(mean_s=config.initial_service_s)
+        self._service = ServiceTimeEstimator()
+        for items, seconds in config.warmup_batches:  # the estimate is not 0 before the first request
+            self._service.observe(seconds, items)
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -140,7 +142,8 @@ class Batcher:
             )
         if budget_s is None:
             return
-        backlog = Backlog(requests_ahead=self._admitted, service_time_s=self._service.mean_s,
+        fixed_s, per_item_s = self._service.fit()
+        backlog = Backlog(requests_ahead=self._admitted, fixed_s=fixed_s, per_item_s=per_item_s,
                           max_batch_size=self._cfg.policy.max_batch_size if self._cfg.batching else 1,
                           instances=self._cfg.instances)
         decision = admit(backlog, budget_s)
@@ -260,7 +263,8 @@ class Batcher:
             if live:
                 loop = asyncio.get_running_loop()
                 results = await loop.run_in_executor(self._executor, self._run_batch, live, start_s, missing)
-                self._service.observe(self._clock.now_s() - start_s)  # collate + predict + split + postprocess
+                # collate + predict + split + postprocess, for the batch's items
+                self._service.observe(self._clock.now_s() - start_s, sum(e.item.size for e in live))
                 compute_s = results[0].compute_s
                 for entry, result in zip(live, results, strict=True):
                     if not entry.future.done():

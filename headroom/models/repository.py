@@ -55,10 +55,9 @@ class LoadedModel:
     warmup_batch_s: tuple[float, ...] = ()  # seconds each of those batches took (pipeline end to end)
 
     @property
-    def warmup_service_s(self) -> float:
-        """The fastest warmup batch's time: the batcher's service-time estimate before any request. Optimistic
-        on purpose (small batches at low load; no refusals at start), the first measured batches take over."""
-        return min(self.warmup_batch_s, default=0.0)
+    def warmup_batches(self) -> tuple[tuple[int, float], ...]:
+        """(batch size, seconds) of each warmup batch: the batcher's service-time estimate before any request."""
+        return tuple(zip(self.warmup_batch_sizes, self.warmup_batch_s, strict=False))
 
     @property
     def name(self) -> str:

@@ -101,7 +101,7 @@ class DataPlane:
             served.model,
             BatcherConfig(policy=policy_config(cfg), max_queue_size=cfg.batching.max_queue_size,
                           instances=cfg.instances, batching=cfg.max_batch_size > 0,
-                          initial_service_s=served.warmup_service_s),
+                          warmup_batches=served.warmup_batches),
             self._clock,
             observer,
             name=served.name,

@@ -32,7 +32,7 @@ def served_version(loaded: LoadedModel) -> ServedVersion:
     """What the data plane serves for a loaded version."""
     return ServedVersion(name=loaded.name, version=loaded.version, config=loaded.config, model=loaded.model,
                          cold_start=loaded.cold_start, version_dir=loaded.version_dir,
-                         warmup_service_s=loaded.warmup_service_s)
+                         warmup_batches=loaded.warmup_batches)
 
 
 def entry_size_bytes(entry: ModelEntry) -> int:

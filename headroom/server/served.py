@@ -24,7 +24,7 @@ class ServedVersion:
     model: Model  # the loaded backend object
     cold_start: tuple[ColdStartStage, ...] = ()  # timed load stages
     version_dir: Path | None = None  # where its files are (the drift monitor looks for its reference there)
-    warmup_service_s: float = 0.0  # the fastest warmup batch's seconds: the first service-time estimate
+    warmup_batches: tuple[tuple[int, float], ...] = ()  # (size, seconds) per warmup batch: the first estimate
 
 
 def policy_config(config: ModelConfig) -> BatchPolicyConfig:

@@ -41,15 +41,25 @@ def test_no_rate_before_two_arrivals() -> None:
     assert est.rate_per_s(2.0) == 0.0
 
 
-def test_service_time_is_warm_started_then_follows_measurements() -> None:
-    est = ServiceTimeEstimator(mean_s=0.05)  # warmup's measurement
-    assert est.mean_s == 0.05
-    for _ in range(50):
-        est.observe(0.01)
-    assert est.mean_s == pytest.approx(0.01, rel=1e-3)
-    cold = ServiceTimeEstimator()
-    cold.observe(0.02)
-    assert cold.mean_s == 0.02  # the first measurement, not 20% of it
+def test_service_time_fits_fixed_plus_per_item_cost() -> None:
+    est = ServiceTimeEstimator()
+    assert est.fit() == (0.0, 0.0) and est.mean_s == 0.0
+    for n in [1, 8, 32] * 5 + list(range(1, 33)):  # warmup's sizes, then every size
+        est.observe(0.004 + 0.002 * n, n)
+    fixed_s, per_item_s = est.fit()
+    assert fixed_s == pytest.approx(0.004) and per_item_s == pytest.approx(0.002)
+
+
+def test_service_time_of_one_batch_size_is_all_per_item_and_follows_recent_batches() -> None:
+    """At steady overload every batch is full: the fit has no spread and charges all time per item."""
+    est = ServiceTimeEstimator()
+    est.observe(0.05, 1)  # a warm start
+    assert est.fit() == (0.0, 0.05) and est.mean_s == 0.05  # the first measurement, not 20% of it
+    for _ in range(60):
+        est.observe(0.32, 32)
+    fixed_s, per_item_s = est.fit()
+    assert fixed_s + 32 * per_item_s == pytest.approx(0.32, rel=1e-3)
+    assert est.mean_s == pytest.approx(0.32, rel=1e-3)
 
 
 @pytest.mark.parametrize("alpha", [0.0, -0.1, 1.5])
