@@ -56,8 +56,10 @@ class LoadedModel:
 
     @property
     def warmup_batches(self) -> tuple[tuple[int, float], ...]:
-        """(batch size, seconds) of each warmup batch: the batcher's service-time estimate before any request."""
-        return tuple(zip(self.warmup_batch_sizes, self.warmup_batch_s, strict=False))
+        """(batch size, seconds) of the warmup batches that seed the batcher's service-time estimate: all but
+        the first when there are several (the first run carries one-time costs: allocation, graph setup)."""
+        runs = tuple(zip(self.warmup_batch_sizes, self.warmup_batch_s, strict=False))
+        return runs[1:] if len(runs) > 1 else runs
 
     @property
     def name(self) -> str:
