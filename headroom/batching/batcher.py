@@ -2,16 +2,19 @@
 
 Request path inside one model version:
 
-    submit() ── admission (queue full → Overloaded/503) ── preprocess in a worker thread (overlaps the
-    running batch) ── queue ── loop: decide(snapshot, now) ── expire → DeadlineExceeded (never executed)
-                                                       └── take  → collate/predict/split/postprocess in
-                                                                  the model's executor → futures resolved
+    submit() ── admission (queue full, or predicted delay over the budget → Overloaded/503)
+             ── preprocess in a worker thread (overlaps the running batch) ── queue
+             ── loop: decide(snapshot, now) ── expire → DeadlineExceeded (never executed)
+                                            └── take  → collate/predict/split/postprocess in
+                                                       the model's executor → futures resolved
 
 A model whose preprocess only decodes (`cheap_preprocess = True`, e.g. minilm, which tokenizes the whole
 batch in collate) has it run inline on the event loop: a thread hop per request costs more than that work.
 
 The loop sleeps until a request arrives, a batch finishes, or the policy's `wake_at_s`. It is the only
-writer of the queue. Every admitted request's future is resolved exactly once.
+writer of the queue. Every admitted request's future is resolved exactly once. The load estimators
+(`headroom.batching.estimator`) are updated on the event loop only: arrivals in `submit`, batch service
+times when a batch's executor call returns.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from typing import Protocol
 
 import numpy as np
 
+from headroom.batching.admission import Backlog, admit, refusal_message
+from headroom.batching.estimator import ArrivalRateEstimator, ServiceTimeEstimator
 from headroom.batching.policy import BatchPolicyConfig, QueuedItem, QueueSnapshot, decide
 from headroom.batching.queue import BatchResult, Entry
 from headroom.core.clock import Clock
@@ -33,8 +38,6 @@ from headroom.core.errors import Cancelled, DeadlineExceeded, HeadroomError, Inv
 from headroom.models.base import Model
 
 log = logging.getLogger("headroom.batcher")
-
-_EWMA_ALPHA = 0.2
 
 
 class BatcherObserver(Protocol):
@@ -66,7 +69,8 @@ class BatcherConfig:
     max_queue_size: int = 256  # admitted-but-unfinished requests beyond this are rejected (503)
     instances: int = 1  # batches that may execute concurrently
     batching: bool = True  # False: every request runs alone (max_batch_size 0 models)
-    retry_after_s: float = 1.0  # Retry-After advertised on 503
+    retry_after_s: float = 1.0  # Retry-After advertised on a full queue's 503
+    warmup_batches: tuple[tuple[int, float], ...] = ()  # (items, seconds) of warmup's batches: the first estimate
 
 
 class Batcher:
@@ -89,9 +93,10 @@ class Batcher:
         self._inline_preprocess = model.cheap_preprocess
         self._loop_task: asyncio.Task[None] | None = None
         self._batch_tasks: set[asyncio.Task[None]] = set()
-        self._arrival_rate_per_s = 0.0
-        self._last_arrival_s: float | None = None
-        self._service_time_s = 0.0
+        self._arrivals = ArrivalRateEstimator()
+        self._service = ServiceTimeEstimator()
+        for items, seconds in config.warmup_batches:  # the estimate is not 0 before the first request
+            self._service.observe(seconds, items)
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -122,15 +127,37 @@ class Batcher:
     def admitted(self) -> int:
         return self._admitted
 
-    # -- request path ----------------------------------------------------------------------------------
-    async def submit(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object], *,
-                     deadline_s: float, priority: int = 1, group: str = "", stream: str = "") -> BatchResult:
-        """Admit, preprocess, queue and await one request. Raises HeadroomError subclasses."""
+    @property
+    def service_time_s(self) -> float:
+        """The current per-batch service-time estimate."""
+        return self._service.mean_s
+
+    def check_admission(self, budget_s: float | None) -> None:
+        """Raise Overloaded (503 + Retry-After) if the queue is full or, with a latency budget, if the
+        predicted delay (`headroom.batching.admission`) does not fit it. Cheap: callable before a body is read."""
         if self._admitted >= self._cfg.max_queue_size:
             raise Overloaded(
                 f"model '{self._name}' queue is full ({self._cfg.max_queue_size} requests); retry later",
                 retry_after_s=self._cfg.retry_after_s,
             )
+        if budget_s is None:
+            return
+        fixed_s, per_item_s = self._service.fit()
+        backlog = Backlog(requests_ahead=self._admitted, fixed_s=fixed_s, per_item_s=per_item_s,
+                          max_batch_size=self._cfg.policy.max_batch_size if self._cfg.batching else 1,
+                          instances=self._cfg.instances)
+        decision = admit(backlog, budget_s)
+        if not decision.admitted:
+            raise Overloaded(refusal_message(self._name, backlog, decision, budget_s),
+                             retry_after_s=decision.retry_after_s)
+
+    # -- request path ----------------------------------------------------------------------------------
+    async def submit(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object], *,
+                     deadline_s: float, priority: int = 1, group: str = "", stream: str = "",
+                     budget_s: float | None = None) -> BatchResult:
+        """Admit (`check_admission` with the request's remaining latency budget), preprocess, queue and
+        await one request. Raises HeadroomError subclasses."""
+        self.check_admission(budget_s)
         self._admitted += 1
         self._obs.on_queue_depth(self._admitted)
         try:
@@ -142,7 +169,7 @@ class Batcher:
     async def _admit(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object],
                      deadline_s: float, priority: int, group: str, stream: str) -> BatchResult:
         admitted_s = self._clock.now_s()
-        self._note_arrival(admitted_s)
+        self._arrivals.observe(admitted_s)
         loop = asyncio.get_running_loop()
         if self._inline_preprocess:  # cheaper than the thread hop it would otherwise take
             model_inputs = self._model.preprocess(inputs, parameters)
@@ -158,8 +185,9 @@ class Batcher:
         if self._cfg.batching and size > self._cfg.policy.max_batch_size:
             cap = self._cfg.policy.max_batch_size
             raise InvalidRequest(f"request batch size {size} exceeds the model's max_batch_size {cap}")
+        key = self._model.batch_key(model_inputs) if self._cfg.batching else ()
         item = QueuedItem(enqueued_s=now_s, deadline_s=deadline_s, size=size, priority=priority,
-                          group=group, stream=stream)
+                          group=group, stream=stream, batch_key=key)
         entry = Entry(item=item, inputs=model_inputs, parameters=parameters, future=loop.create_future(),
                       admitted_s=admitted_s, preprocess_s=preprocess_s)
         entry.future.add_done_callback(_consume_exception)
@@ -173,13 +201,6 @@ class Batcher:
                 self._queue.remove(entry)
                 self._wakeup.set()
             raise
-
-    def _note_arrival(self, now_s: float) -> None:
-        if self._last_arrival_s is not None:
-            gap_s = max(now_s - self._last_arrival_s, 1e-6)
-            rate = 1.0 / gap_s
-            self._arrival_rate_per_s += _EWMA_ALPHA * (rate - self._arrival_rate_per_s)
-        self._last_arrival_s = now_s
 
     # -- the loop --------------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -203,7 +224,7 @@ class Batcher:
                 self._expire(tuple(i for i, e in enumerate(self._queue) if e.item.deadline_s <= now_s))
                 return self._next_deadline()
             policy = self._cfg.policy if self._cfg.batching else replace(self._cfg.policy, max_batch_size=1)
-            decision = decide(self._snapshot(), now_s, policy)
+            decision = decide(self._snapshot(now_s), now_s, policy)
             taken = [self._queue[i] for i in decision.take]
             self._expire(decision.expire)
             if not taken:
@@ -218,9 +239,9 @@ class Batcher:
             task.add_done_callback(self._batch_tasks.discard)
         return wake_at_s
 
-    def _snapshot(self) -> QueueSnapshot:
+    def _snapshot(self, now_s: float) -> QueueSnapshot:
         return QueueSnapshot(items=tuple(e.item for e in self._queue),
-                             arrival_rate_per_s=self._arrival_rate_per_s, service_time_s=self._service_time_s)
+                             arrival_rate_per_s=self._arrivals.rate_per_s(now_s), service_time_s=self._service.mean_s)
 
     def _next_deadline(self) -> float | None:
         return min((e.item.deadline_s for e in self._queue), default=None)
@@ -242,6 +263,8 @@ class Batcher:
             if live:
                 loop = asyncio.get_running_loop()
                 results = await loop.run_in_executor(self._executor, self._run_batch, live, start_s, missing)
+                # collate + predict + split + postprocess, for the batch's items
+                self._service.observe(self._clock.now_s() - start_s, sum(e.item.size for e in live))
                 compute_s = results[0].compute_s
                 for entry, result in zip(live, results, strict=True):
                     if not entry.future.done():
@@ -270,7 +293,6 @@ class Batcher:
         t0 = self._clock.now_s()
         outputs = model.predict(batch)
         compute_s = self._clock.now_s() - t0
-        self._service_time_s += _EWMA_ALPHA * (compute_s - self._service_time_s)
         sizes = [e.item.size for e in entries]
         pieces = model.split(outputs, sizes)
         batch_size = sum(sizes)

@@ -13,6 +13,10 @@ with hand-built snapshots. Modes:
 * ``multistream`` requests carrying the same `group` (frame id) run together; the group closes when
   every expected stream arrived or at the group's sync deadline, naming the streams that were missing.
 
+Every batch holds compatible requests only: those whose `batch_key` equals that of the request at the
+head of the queue (Triton's dynamic batcher: non-batch dimensions must match unless an input allows ragged
+batching). The others wait for a later batch; one client's shape never fails another client's request.
+
 Expired requests (deadline passed while queued) are reported in `expire` and must never be executed.
 """
 
@@ -35,6 +39,7 @@ class QueuedItem:
     priority: int = 1  # 1 is the highest level; FIFO within a level
     group: str = ""  # multistream: frame id shared by the requests to batch together
     stream: str = ""  # multistream: which stream (camera) this request comes from
+    batch_key: tuple[object, ...] = ()  # only requests with equal keys share a batch (non-batch dims)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +100,13 @@ def adaptive_window_s(queue_depth: int, arrival_rate_per_s: float, service_time_
 
 
 def _take_prefix(order: Sequence[int], items: Sequence[QueuedItem], cap: int) -> tuple[int, ...]:
-    """Greedily take requests in `order` while the summed size stays <= cap (at least one request)."""
+    """Greedily take requests in `order` while the summed size stays <= cap (at least one request), skipping
+    those whose batch key differs from the first one's."""
     taken: list[int] = []
     total = 0
     for i in order:
+        if taken and items[i].batch_key != items[taken[0]].batch_key:
+            continue
         if total + items[i].size > cap:
             if not taken:
                 taken.append(i)  # an oversized single request still runs alone
@@ -138,6 +146,9 @@ def decide(snapshot: QueueSnapshot, now_s: float, cfg: BatchPolicyConfig) -> Bat
         return BatchDecision(expire=expired)
     if cfg.mode == "multistream":
         return _decide_multistream(snapshot, now_s, cfg, live, expired)
+    every_live = live
+    head_key = items[live[0]].batch_key
+    live = [i for i in live if items[i].batch_key == head_key]  # the head's batch: compatible requests only
     total = sum(items[i].size for i in live)
     oldest_s = min(items[i].enqueued_s for i in live)
     if total >= cfg.max_batch_size:
@@ -156,7 +167,7 @@ def decide(snapshot: QueueSnapshot, now_s: float, cfg: BatchPolicyConfig) -> Bat
     if now_s + _EPS_S >= close_at_s:
         return BatchDecision(take=_take_prefix(live, items, cfg.max_batch_size), expire=expired,
                              window_s=window_s)
-    wake = _earliest(close_at_s, _next_deadline(items, live))
+    wake = _earliest(close_at_s, _next_deadline(items, every_live))
     return BatchDecision(expire=expired, wake_at_s=wake, window_s=window_s)
 
 

@@ -105,6 +105,9 @@ class CascadeModel(Model):
     def request_batch_size(self, inputs: Arrays) -> int:
         return self.fast.request_batch_size(inputs)
 
+    def batch_key(self, inputs: Arrays) -> tuple[object, ...]:
+        return self.fast.batch_key(inputs)
+
     def counts(self) -> CascadeCounts:
         with self._lock:
             return self._counts

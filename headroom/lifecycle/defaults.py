@@ -55,6 +55,7 @@ dynamic_batching:
   preferred_batch_sizes: [8, 16, 32]
   max_queue_size: 512
   default_timeout_ms: 10000
+  slo_p99_ms: 100           # admission: a request predicted to finish later than this gets 503 + Retry-After
 instances: 1
 warmup: {batch_sizes: [1, 8, 32]}
 parameters:

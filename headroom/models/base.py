@@ -114,6 +114,13 @@ class Model:
         """Per-request transform of model outputs into wire tensors."""
         return outputs
 
+    def batch_key(self, inputs: Arrays) -> tuple[object, ...]:
+        """Requests share a batch only when their keys are equal (Triton's dynamic batcher): by default each
+        preprocessed input's dimensions past the batch one, except inputs the config declares
+        `allow_ragged_batch` (their model's `collate` must then join differing sizes itself)."""
+        ragged = {s.name for s in self.config.inputs if s.allow_ragged_batch}
+        return tuple((name, a.shape[1:]) for name, a in inputs.items() if name not in ragged)
+
     def request_batch_size(self, inputs: Arrays) -> int:
         """How many batch items one preprocessed request carries (its leading dimension)."""
         if self.config.max_batch_size == 0:

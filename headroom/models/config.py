@@ -6,6 +6,7 @@ Example (all keys but `backend`, `inputs` and `outputs` optional)::
     max_batch_size: 32            # 0 = the model does not batch; shapes then include every dimension
     inputs:
       - {name: input, datatype: FP32, shape: [1, 8, 8]}   # without the batch dimension when batching
+      # - {name: tokens, datatype: INT64, shape: [-1], allow_ragged_batch: true}  # see Model.batch_key
     outputs:
       - {name: probabilities, datatype: FP32, shape: [10]}
     dynamic_batching:
@@ -42,7 +43,7 @@ BACKENDS = ("onnxruntime", "torch", "python", "llm")
 BATCHING_MODES = ("dynamic", "static", "adaptive", "multistream")
 TOP_LEVEL_KEYS = ("backend", "platform", "max_batch_size", "inputs", "outputs", "dynamic_batching", "instances",
                   "warmup", "version_policy", "pinned", "runtime", "parameters")
-TENSOR_KEYS = ("name", "datatype", "shape")
+TENSOR_KEYS = ("name", "datatype", "shape", "allow_ragged_batch")
 WARMUP_KEYS = ("batch_sizes",)
 
 
@@ -64,6 +65,7 @@ class TensorSpec:
     name: str  # tensor name used on the wire
     datatype: str  # V2 datatype name
     shape: tuple[int, ...]  # per-item shape (no batch dim when max_batch_size > 0); -1 = any size
+    allow_ragged_batch: bool = False  # inputs: requests of other sizes may share a batch (the model pads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +79,9 @@ class BatchingConfig:
     default_timeout_ms: float = 30_000.0  # deadline for a request that names none
     priority_levels: int = 1  # number of priority levels (1 = highest); FIFO within a level
     static_timeout_ms: float = 100.0  # static mode: safety timeout when a full batch never forms
-    slo_p99_ms: float = 100.0  # adaptive mode: latency budget the window must respect
+    # the latency objective: admission refuses (503) a request whose predicted delay exceeds it, and the
+    # adaptive window respects it; None: admission uses default_timeout_ms, the adaptive window 100 ms
+    slo_p99_ms: float | None = None
     sync_deadline_ms: float = 33.0  # multistream: how long a frame waits for its missing streams
     expected_streams: tuple[str, ...] = ()  # multistream: stream ids a complete frame carries
 
@@ -150,7 +154,10 @@ def _tensor_specs(raw: Any, where: str) -> tuple[TensorSpec, ...]:
             raise ValueError(f"{where}[{i}].datatype: {datatype!r} is not one of {', '.join(V2_TO_NUMPY)}")
         if not isinstance(shape, list) or not all(isinstance(d, int) and (d > 0 or d == -1) for d in shape):
             raise ValueError(f"{where}[{i}].shape: a list of positive ints or -1 is required, got {shape!r}")
-        specs.append(TensorSpec(name=name, datatype=str(datatype), shape=tuple(shape)))
+        ragged = item.get("allow_ragged_batch", False)
+        if not isinstance(ragged, bool):
+            raise ValueError(f"{where}[{i}].allow_ragged_batch: true or false, got {ragged!r}")
+        specs.append(TensorSpec(name=name, datatype=str(datatype), shape=tuple(shape), allow_ragged_batch=ragged))
     return tuple(specs)
 
 
@@ -171,6 +178,8 @@ def _batching(raw: Any, where: str) -> BatchingConfig:
         raise ValueError(f"{where}: max_queue_delay_ms >= 0, max_queue_size >= 1, priority_levels >= 1")
     if cfg.default_timeout_ms <= 0:
         raise ValueError(f"{where}.default_timeout_ms: must be > 0")
+    if cfg.slo_p99_ms is not None and not cfg.slo_p99_ms > 0:
+        raise ValueError(f"{where}.slo_p99_ms: must be > 0 ms when set")
     if any(b < 1 for b in cfg.preferred_batch_sizes):
         raise ValueError(f"{where}.preferred_batch_sizes: every size must be >= 1")
     return cfg

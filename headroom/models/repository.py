@@ -53,6 +53,14 @@ class LoadedModel:
     model: Model  # the loaded Model object (preprocess/collate/predict/split/postprocess)
     cold_start: tuple[ColdStartStage, ...]  # timed stages in order: read_weights, build_session, warmup, ...
     warmup_batch_sizes: tuple[int, ...]  # batch sizes the warmup executed
+    warmup_batch_s: tuple[float, ...] = ()  # seconds each of those batches took (pipeline end to end)
+
+    @property
+    def warmup_batches(self) -> tuple[tuple[int, float], ...]:
+        """(batch size, seconds) of the warmup batches that seed the batcher's service-time estimate: all but
+        the first when there are several (the first run carries one-time costs: allocation, graph setup)."""
+        runs = tuple(zip(self.warmup_batch_sizes, self.warmup_batch_s, strict=False))
+        return runs[1:] if len(runs) > 1 else runs
 
     @property
     def name(self) -> str:
@@ -143,7 +151,7 @@ class ModelRepository:
         try:
             model.load(ctx)
             with ctx.stage("warmup"):
-                sizes = run_warmup(model)
+                runs = run_warmup(model)
         except ModelLoadError:
             model.unload()
             raise
@@ -152,7 +160,8 @@ class ModelRepository:
             raise ModelLoadError(
                 f"{version_dir}: loading model {entry.name!r} failed: {type(exc).__name__}: {exc}"
             ) from exc
-        loaded = LoadedModel(entry.config, str(version), version_dir, model, tuple(stages), sizes)
+        loaded = LoadedModel(entry.config, str(version), version_dir, model, tuple(stages),
+                             tuple(size for size, _ in runs), tuple(seconds for _, seconds in runs))
         log.info(
             "loaded %s v%s in %.3fs (%s)",
             entry.name,

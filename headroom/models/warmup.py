@@ -6,6 +6,8 @@ present with the request's leading size, so a misnamed output fails the load ins
 
 from __future__ import annotations
 
+import time
+
 from headroom.models.artifacts import ModelLoadError
 from headroom.models.base import Arrays, Model
 
@@ -28,11 +30,15 @@ def run_pipeline(model: Model, inputs: Arrays) -> Arrays:
     return model.postprocess(part, {})
 
 
-def run_warmup(model: Model) -> tuple[int, ...]:
-    """Execute each warmup batch size once; returns the sizes run. Raises ModelLoadError on a bad contract."""
+def run_warmup(model: Model) -> tuple[tuple[int, float], ...]:
+    """Execute each warmup batch size once; returns (size, seconds the whole pipeline took) per size run, the
+    batcher's first service-time estimate. Raises ModelLoadError on a bad contract."""
     sizes = warmup_batch_sizes(model)
+    runs: list[tuple[int, float]] = []
     for size in sizes:
+        start_s = time.monotonic()
         result = run_pipeline(model, model.warmup_inputs(size))
+        runs.append((size, time.monotonic() - start_s))
         missing = [spec.name for spec in model.config.outputs if spec.name not in result]
         if missing:
             raise ModelLoadError(
@@ -46,4 +52,4 @@ def run_warmup(model: Model) -> tuple[int, ...]:
                     f"model {model.config.name!r}: at warmup batch size {size} outputs {wrong} do not have "
                     f"{size} rows; a batching model must return one row per input row"
                 )
-    return sizes
+    return tuple(runs)

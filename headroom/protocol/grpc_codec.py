@@ -15,9 +15,11 @@ import numpy as np
 
 from headroom.core.errors import InvalidRequest
 from headroom.core.types import V2_TO_NUMPY, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from headroom.models.config import ModelConfig
 from headroom.protocol.generated import headroom_inference_pb2 as pb
 from headroom.protocol.http_response import Labels, select_outputs
 from headroom.protocol.tensor_codec import array_to_raw, element_count, raw_to_array
+from headroom.protocol.validation import check_input
 
 #: V2 datatype -> the InferTensorContents field that carries it (FP16 has none: send it raw).
 CONTENTS_FIELD: Mapping[str, str] = {
@@ -79,8 +81,13 @@ def _typed_contents(tensor: Any, datatype: str, shape: tuple[int, ...], where: s
     return np.asarray(list(values), dtype=dtype).reshape(shape)
 
 
-def decode_model_infer(message: pb.ModelInferRequest, request_id_hint: str = "") -> InferenceRequest:
-    """ModelInferRequest -> InferenceRequest; raises InvalidRequest saying what is wrong."""
+def decode_model_infer(message: pb.ModelInferRequest, request_id_hint: str = "",
+                       config: ModelConfig | None = None) -> InferenceRequest:
+    """ModelInferRequest -> InferenceRequest; raises InvalidRequest saying what is wrong.
+
+    `config`, when given, is the model's: each input is checked against it before its data is decoded.
+    Costs O(message): element counts are checked against the values or bytes present before allocating.
+    """
     if not message.model_name:
         raise InvalidRequest("model_name is required")
     if not message.inputs:
@@ -102,6 +109,8 @@ def decode_model_infer(message: pb.ModelInferRequest, request_id_hint: str = "")
             )
         shape = tuple(int(d) for d in item.shape)
         element_count(shape, where)
+        if config is not None:
+            check_input(config, item.name, item.datatype, shape)
         if raw:
             if item.HasField("contents"):
                 raise InvalidRequest(f"{where}: has typed contents while raw_input_contents is used")

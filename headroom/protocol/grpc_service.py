@@ -31,6 +31,7 @@ from google.protobuf import message_factory
 from headroom.core.dataplane import InferenceDataPlane
 from headroom.core.errors import HeadroomError
 from headroom.core.types import InferenceRequest, InferenceResponse
+from headroom.models.config import ModelConfig
 from headroom.protocol.generated import headroom_inference_pb2 as pb
 from headroom.protocol.grpc_codec import decode_model_infer, encode_model_infer
 from headroom.protocol.grpc_stream import stream_infer
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 
 #: (model name, model version) -> classification labels per output name, or None.
 LabelLookup = Callable[[str, str], Labels | None]
+#: (model name, model version) -> the model's config (inputs are checked against it while decoding), or None.
+ConfigLookup = Callable[[str, str], ModelConfig | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +114,10 @@ class InferenceServicer:
         labels: LabelLookup | None = None,
         new_request_id: Callable[[], str] = _new_request_id,
         cancel_grace_s: float = DEFAULT_CANCEL_GRACE_S,
+        configs: ConfigLookup | None = None,
     ) -> None:
         self._dataplane = dataplane
+        self._configs = configs
         self._cancel_grace_s = cancel_grace_s
         self._labels = labels
         self._new_request_id = new_request_id
@@ -147,7 +152,8 @@ class InferenceServicer:
         return message
 
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> tuple[pb.ModelInferResponse, str]:
-        decoded = decode_model_infer(request, self._new_request_id())
+        config = self._configs(request.model_name, request.model_version) if self._configs else None
+        decoded = decode_model_infer(request, self._new_request_id(), config)
         response = await _infer_until_disconnect(self._dataplane, decoded, context, self._cancel_grace_s)
         labels = self._labels(response.model_name, response.model_version) if self._labels else None
         return encode_model_infer(response, labels), server_timing(response.timings)
@@ -227,11 +233,13 @@ async def bind_grpc_server(
     interceptors: Sequence[Any] = (),
     credentials: Any = None,
     admin: Sequence[object] = (),
+    configs: ConfigLookup | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Create, bind and start the server; returns it with the bound port (useful with `port=0`).
 
     `interceptors` (e.g. the gateway's auth/rate-limit interceptor) run before every RPC; `credentials`
-    (grpc.ssl_server_credentials) turn on TLS; `admin` servicers add RPCs (server/grpc_admin.py).
+    (grpc.ssl_server_credentials) turn on TLS; `admin` servicers add RPCs (server/grpc_admin.py); `configs` lets
+    ModelInfer check inputs while decoding.
     """
     cfg = config or GrpcServerConfig()
     options = [
@@ -241,7 +249,8 @@ async def bind_grpc_server(
     ]
     server = grpc.aio.server(options=options, interceptors=list(interceptors))
     server.add_generic_rpc_handlers(
-        (service_handler(InferenceServicer(dataplane, labels, cancel_grace_s=cfg.cancel_grace_s), admin),)
+        (service_handler(InferenceServicer(dataplane, labels, cancel_grace_s=cfg.cancel_grace_s, configs=configs),
+                         admin),)
     )
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:

@@ -20,7 +20,9 @@ import orjson
 
 from headroom.core.errors import InvalidRequest
 from headroom.core.types import V2_TO_NUMPY, InferenceRequest, RequestedOutput, Tensor
+from headroom.models.config import ModelConfig
 from headroom.protocol.tensor_codec import element_count, json_to_array, raw_to_array
+from headroom.protocol.validation import check_input
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -66,7 +68,8 @@ def parse_header_length(value: str | None) -> int | None:
     return length
 
 
-def _decode_input(raw: object, index: int, binary: memoryview, offset: int) -> tuple[Tensor, int]:
+def _decode_input(raw: object, index: int, binary: memoryview, offset: int,
+                  config: ModelConfig | None) -> tuple[Tensor, int]:
     where = f"inputs[{index}]"
     item = _mapping(raw, where)
     name = _str(item.get("name"), f"{where}.name")
@@ -79,6 +82,8 @@ def _decode_input(raw: object, index: int, binary: memoryview, offset: int) -> t
         raise InvalidRequest(f"{where}: shape must be a list of non-negative integers, got {shape_raw!r:.60}")
     element_count(shape_raw, where)
     shape = tuple(shape_raw)
+    if config is not None:  # before the data is looked at: nothing is decoded for a shape the model refuses
+        check_input(config, name, datatype, shape)
     params = _mapping(item.get("parameters"), f"{where}: parameters")
     if "shared_memory_region" in params:
         raise InvalidRequest(f"{where}: the shared-memory extension is not supported; send the data inline")
@@ -123,11 +128,14 @@ def decode_infer_request(
     model_name: str,
     model_version: str,
     request_id_hint: str,
+    config: ModelConfig | None = None,
 ) -> InferenceRequest:
     """Body of `POST /v2/models/{model_name}[/versions/{model_version}]/infer` -> InferenceRequest.
 
     `header_length` is the `Inference-Header-Content-Length` header (None: the whole body is JSON);
-    `request_id_hint` becomes the id when the body has none. Raises InvalidRequest saying what is wrong.
+    `request_id_hint` becomes the id when the body has none; `config`, when given, is the model's: each
+    input's name, datatype and shape are checked against it before its data is decoded. Costs O(body): no
+    allocation follows from a declared shape alone. Raises InvalidRequest saying what is wrong.
     """
     if header_length is None:
         header, binary = body, memoryview(b"")
@@ -160,7 +168,7 @@ def decode_infer_request(
     inputs: list[Tensor] = []
     offset = 0
     for i, raw in enumerate(inputs_raw):
-        tensor, offset = _decode_input(raw, i, binary, offset)
+        tensor, offset = _decode_input(raw, i, binary, offset, config)
         if any(t.name == tensor.name for t in inputs):
             raise InvalidRequest(f"input {tensor.name!r} appears more than once")
         inputs.append(tensor)

@@ -6,6 +6,9 @@ Wire conventions (KServe V2 / Triton):
 - JSON `data` is flat or nested (row-major), numbers for numeric types, `true`/`false` for BOOL and UTF-8
   strings for BYTES.
 Every malformed payload raises `InvalidRequest` naming the tensor (`where`) and what is wrong.
+
+Decoding costs at most O(body): a declared shape is checked against the bytes (or values) actually present
+before anything of its size is allocated, so a tiny request cannot make the server allocate from its shape.
 """
 
 from __future__ import annotations
@@ -20,16 +23,30 @@ from headroom.core.types import numpy_dtype
 
 #: Deepest JSON nesting accepted for `data` (numpy itself stops at 64 dimensions).
 MAX_JSON_DEPTH = 32
+#: Most elements a shape may describe, counting zero dimensions as 1: numpy refuses (ValueError) shapes
+#: whose product times the item size overflows 2^63, even empty ones; no body can carry more anyway.
+MAX_ELEMENTS = 2**40
+#: Most dimensions a shape may have (numpy's own limit is 32 or 64, depending on its version).
+MAX_RANK = 32
+#: Fewest bytes a raw BYTES element takes: its 4-byte length prefix.
+BYTES_PREFIX_BYTES = 4
 _LENGTH = struct.Struct("<I")
 
 
 def element_count(shape: Sequence[int], where: str) -> int:
-    """Product of a shape; raises InvalidRequest for negative or non-integer dimensions."""
+    """Product of a shape; raises InvalidRequest for negative or non-integer dimensions and for shapes of
+    more than MAX_ELEMENTS elements (zero dimensions counted as 1, as numpy's size check does)."""
+    if len(shape) > MAX_RANK:
+        raise InvalidRequest(f"{where}: shape has {len(shape)} dimensions; at most {MAX_RANK} are supported")
     count = 1
+    extent = 1
     for dim in shape:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
-            raise InvalidRequest(f"{where}: shape must be a list of non-negative integers, got {list(shape)!r}")
+            raise InvalidRequest(f"{where}: shape must be a list of non-negative integers, got {list(shape)!r:.200}")
         count *= dim
+        extent *= dim or 1
+        if extent > MAX_ELEMENTS:
+            raise InvalidRequest(f"{where}: shape {list(shape)!r:.200} describes more than 2^40 elements")
     return count
 
 
@@ -46,6 +63,11 @@ def serialize_bytes_elements(array: np.ndarray) -> bytes:
 def deserialize_bytes_elements(buffer: bytes | memoryview, count: int, where: str) -> np.ndarray:
     """Length-prefixed BYTES elements -> flat object array of `bytes`; the buffer holds exactly `count`."""
     view = memoryview(buffer)
+    if count * BYTES_PREFIX_BYTES > len(view):  # before allocating `count` slots
+        raise InvalidRequest(
+            f"{where}: {count} BYTES elements need at least {count * BYTES_PREFIX_BYTES} bytes (a 4-byte length "
+            f"prefix each), but the data has {len(view)}; the shape and the data disagree"
+        )
     out = np.empty(count, dtype=object)
     offset = 0
     for i in range(count):

@@ -186,7 +186,7 @@ class Server:
             self._grpc, self.grpc_port = await bind_grpc_server(
                 self.dataplane, self.config.host, self.config.grpc_port, labels=self.dataplane.labels,
                 interceptors=[interceptor], credentials=creds,
-                admin=[TritonAdminServicer(api.triton)])
+                admin=[TritonAdminServicer(api.triton)], configs=self.dataplane.config_of)
         self._load_task = asyncio.create_task(self._load(repo, index, manager, on_ready), name="model-loader")
         try:
             await self._stop.wait()

@@ -1,8 +1,10 @@
 """The transport-free data plane: every HTTP and gRPC inference call ends here.
 
 `DataPlane.infer` owns the request lifecycle: resolve the model version → validate against its config →
-derive deadline and priority → submit to the version's batcher (racing the client's disconnect) → build the
-response with per-stage timings → count the outcome. Exactly one result or one HeadroomError per request.
+derive deadline, latency budget and priority → submit to the version's batcher, which admits by predicted
+delay (racing the client's disconnect) → build the response with per-stage timings → count the outcome.
+Exactly one result or one HeadroomError per request. `admit_early` runs the same admission check before a
+transport reads the body, with the budget known from the path and headers.
 """
 
 from __future__ import annotations
@@ -11,15 +13,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
 
 import numpy as np
 
 from headroom import __version__
 from headroom.batching.batcher import Batcher, BatcherConfig
-from headroom.batching.policy import BatchPolicyConfig
 from headroom.batching.queue import BatchResult
 from headroom.core.clock import Clock
 from headroom.core.dataplane import DisconnectWatcher, ModelMetadata, ServerMetadata, TensorMetadata
@@ -28,46 +27,20 @@ from headroom.core.types import InferenceRequest, InferenceResponse, StageTiming
 from headroom.lifecycle.drift_feed import DriftFeed
 from headroom.lifecycle.offline import PredictionLookup, PredictionStore
 from headroom.lifecycle.residency import NotResidentModel, Residency
-from headroom.models.base import ColdStartStage, Model
 from headroom.models.classification import ImageClassifier, classification_response
 from headroom.models.config import ModelConfig
 from headroom.protocol.validation import validate_against
 from headroom.server.disconnect import race_disconnect
 from headroom.server.generative import GenerativeModels
 from headroom.server.metrics import ModelObserver, ServerMetrics
+from headroom.server.served import ServedVersion, latency_budget_ms, policy_config
 
 log = logging.getLogger("headroom.access")
 
+#: The `model`/`version` label of requests for a model or version that is not served.
+UNKNOWN_LABEL = "__unknown__"
 EXTENSIONS = ("binary_tensor_data", "classification", "logging", "model_configuration", "model_repository",
               "statistics", "trace", "generate")
-
-
-@dataclass(frozen=True, slots=True)
-class ServedVersion:
-    """A loaded, warmed-up model version handed to the data plane by the composition root."""
-
-    name: str  # model name
-    version: str  # version directory name ("1", "2", ...)
-    config: ModelConfig  # its validated configuration
-    model: Model  # the loaded backend object
-    cold_start: tuple[ColdStartStage, ...] = ()  # timed load stages
-    version_dir: Path | None = None  # where its files are (the drift monitor looks for its reference there)
-
-
-def policy_config(config: ModelConfig) -> BatchPolicyConfig:
-    """Translate a model's config (milliseconds, YAML names) into the pure policy's config (seconds)."""
-    b = config.batching
-    return BatchPolicyConfig(
-        mode=b.mode,
-        max_batch_size=max(1, config.max_batch_size),
-        max_queue_delay_s=b.max_queue_delay_ms / 1e3,
-        preferred_batch_sizes=b.preferred_batch_sizes,
-        static_timeout_s=b.static_timeout_ms / 1e3,
-        slo_s=b.slo_p99_ms / 1e3,
-        target_batch_size=max(1, config.max_batch_size // 2),
-        sync_deadline_s=b.sync_deadline_ms / 1e3,
-        expected_streams=b.expected_streams,
-    )
 
 
 class _Slot:
@@ -128,7 +101,8 @@ class DataPlane:
         batcher = Batcher(
             served.model,
             BatcherConfig(policy=policy_config(cfg), max_queue_size=cfg.batching.max_queue_size,
-                          instances=cfg.instances, batching=cfg.max_batch_size > 0),
+                          instances=cfg.instances, batching=cfg.max_batch_size > 0,
+                          warmup_batches=served.warmup_batches),
             self._clock,
             observer,
             name=served.name,
@@ -245,6 +219,39 @@ class DataPlane:
         except ModelNotFound:
             return None
 
+    def resolve(self, name: str, version: str = "") -> ServedVersion:
+        """`served` for an inference route that checks the model before reading the body: a 404 is counted
+        (under UNKNOWN_LABEL) as `infer` would count it."""
+        try:
+            return self.served(name, version)
+        except ModelNotFound as exc:
+            self._metrics.observe_request(*self._unknown_labels(name), _outcome(exc), None)
+            raise
+
+    def _unknown_labels(self, name: str) -> tuple[str, str]:
+        """Series labels never come from unvalidated client input: one fixed label for unknown names."""
+        return (name if name in self._slots else UNKNOWN_LABEL), UNKNOWN_LABEL
+
+    def admit_early(self, name: str, version: str, client_timeout_ms: float | None) -> None:
+        """Admission before the body is read (`headroom.batching.admission`): raise Overloaded (counted as
+        rejected) if the backlog already rules out the latency budget that the path and headers allow."""
+        if version not in self._slots.get(name, {}) and not (name in self._slots and not version):
+            return  # not resident (memory budget) or unknown: `infer` answers
+        slot = self._slot(name, version)
+        try:
+            slot.batcher.check_admission(latency_budget_ms(slot.served.config, client_timeout_ms) / 1e3)
+        except HeadroomError as exc:
+            slot.observer.stats.on_failure(0.0)
+            self._metrics.observe_request(name, slot.served.version, _outcome(exc), None)
+            raise
+
+    def config_of(self, name: str, version: str = "") -> ModelConfig | None:
+        """The config requests for `name` are checked against while decoding (None: unknown, 404 later)."""
+        try:
+            return self.served(name, version).config
+        except ModelNotFound:
+            return None
+
     def model_ready(self, name: str, version: str = "") -> bool:
         if name in self.generative and name not in self._slots:
             return bool(self.generative.config(name, version) and not self._draining and self.generative.ready(name))
@@ -284,6 +291,8 @@ class DataPlane:
         except HeadroomError as exc:
             if slot is not None:
                 slot.observer.stats.on_failure(self._clock.now_s() - start_s)
+            else:
+                name, version = self._unknown_labels(name)
             self._metrics.observe_request(name, version, _outcome(exc), None)
             self._log(request, version, exc.http_status, start_s, exc.reason)
             raise
@@ -298,14 +307,17 @@ class DataPlane:
     async def _infer(self, slot: _Slot, request: InferenceRequest, start_s: float,
                      disconnected: DisconnectWatcher | None, swap_wait_s: float = 0.0) -> InferenceResponse:
         cfg = slot.served.config
-        inputs = validate_inputs(request, cfg)
+        validate_against(request, cfg)  # names, datatypes and shapes (headroom.protocol.validation)
+        inputs = {t.name: t.data for t in request.inputs}
         if self._drift is not None and slot.served.version_dir is not None:
             self._drift.offer(cfg.name, slot.served.version_dir, inputs)
         timeout_ms = cfg.batching.default_timeout_ms
         if request.timeout_ms is not None:
-            if request.timeout_ms <= 0:
+            if not request.timeout_ms > 0:
                 raise InvalidRequest(f"timeout must be > 0 ms, got {request.timeout_ms}")
             timeout_ms = min(timeout_ms, request.timeout_ms)  # may shorten, never lengthen
+        spent_s = self._clock.now_s() - start_s - swap_wait_s
+        budget_s = latency_budget_ms(cfg, request.timeout_ms) / 1e3 - spent_s
         levels = cfg.batching.priority_levels
         priority = request.priority or levels
         if not 1 <= priority <= levels:
@@ -318,7 +330,7 @@ class DataPlane:
                 return self._response(slot, request, BatchResult(stored, 0.0, 0.0, 0.0, 0), start_s)
         submit = slot.batcher.submit(
             inputs, params, deadline_s=start_s + swap_wait_s + timeout_ms / 1e3, priority=priority,
-            group=str(params.get("frame_id", "")), stream=str(params.get("stream_id", "")),
+            group=str(params.get("frame_id", "")), stream=str(params.get("stream_id", "")), budget_s=budget_s,
         )
         result = await race_disconnect(submit, disconnected, cfg.name)
         return self._response(slot, request, result, start_s)
@@ -386,9 +398,3 @@ def _version_key(version: str) -> tuple[int, str]:
 def _outcome(exc: HeadroomError) -> str:
     return {504: "timeout", 503: "rejected", 429: "rejected", 499: "cancelled"}.get(
         exc.http_status, "error" if exc.http_status >= 500 else "invalid")
-
-
-def validate_inputs(request: InferenceRequest, cfg: ModelConfig) -> Mapping[str, np.ndarray]:
-    """Check names, datatypes and shapes against the config (headroom.protocol.validation); name → array."""
-    validate_against(request, cfg)
-    return {t.name: t.data for t in request.inputs}

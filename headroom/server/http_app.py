@@ -23,6 +23,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from headroom.core.dataplane import ModelMetadata
+from headroom.core.deadline import client_timeout_ms, shorter
 from headroom.core.errors import HeadroomError, InvalidRequest, PayloadTooLarge
 from headroom.core.types import InferenceRequest, Tensor
 from headroom.protocol.v2_http import decode_infer_request, encode_infer_response
@@ -135,18 +136,11 @@ class HttpApi:
     def _request_id(self, request: Request) -> str:
         return request.headers.get("x-request-id") or f"req-{next(self._ids)}"
 
-    def _timeout_ms(self, request: Request) -> float | None:
-        raw = request.headers.get("x-request-timeout-ms")
-        if raw is None:
-            return None
-        try:
-            return float(raw)
-        except ValueError:
-            raise InvalidRequest(f"X-Request-Timeout-Ms must be a number of milliseconds, got {raw!r}") from None
-
     async def infer(self, request: Request) -> Response:
         p = request.path_params
-        self.dp.served(p["model"], p.get("version", ""))  # 404 before reading the body
+        served = self.dp.resolve(p["model"], p.get("version", ""))  # 404 before reading the body
+        timeout_ms = client_timeout_ms(request.headers)
+        self.dp.admit_early(p["model"], p.get("version", ""), timeout_ms)  # 503 before reading the body
         body = await read_body(request, self.limits.max_body_bytes)
         header_len = request.headers.get("inference-header-content-length")
         try:
@@ -154,11 +148,9 @@ class HttpApi:
         except ValueError:
             raise InvalidRequest("Inference-Header-Content-Length must be an integer") from None
         decoded = decode_infer_request(body, header_length, p["model"], p.get("version", ""),
-                                       self._request_id(request))
-        timeout_ms = self._timeout_ms(request)
+                                       self._request_id(request), served.config)
         if timeout_ms is not None:
-            current = decoded.timeout_ms
-            decoded = replace(decoded, timeout_ms=timeout_ms if current is None else min(current, timeout_ms))
+            decoded = replace(decoded, timeout_ms=shorter(decoded.timeout_ms, timeout_ms))
         response = await self.dp.infer(decoded, disconnect_watcher(request))
         payload, headers = encode_infer_response(response, binary_default=decoded.binary_output_default,
                                                  labels=self.dp.labels(response.model_name, response.model_version))
@@ -168,7 +160,7 @@ class HttpApi:
     async def classify_image(self, request: Request) -> Response:
         """`POST /v2/models/{m}/classify?top_k=3&min_confidence=0.5` with a PNG/JPEG body (listing 1)."""
         p = request.path_params
-        self.dp.served(p["model"], p.get("version", ""))
+        self.dp.resolve(p["model"], p.get("version", ""))
         try:
             top_k = int(request.query_params.get("top_k", "3"))
             min_conf = float(request.query_params.get("min_confidence", "0"))
@@ -202,11 +194,12 @@ class HttpApi:
             return _openai_error("'encoding_format' must be 'float' or 'base64'", 400, "encoding_format")
         data = np.array([t.encode("utf-8") for t in texts], dtype=object)
         try:
-            spec = self.dp.served(model).config.inputs[0]
+            spec = self.dp.resolve(model).config.inputs[0]
             shape = (len(texts), *(1 for _ in spec.shape))  # one string per batch row
             name = spec.name
             req = InferenceRequest(request_id=self._request_id(request), model_name=model, model_version="",
-                                   inputs=(Tensor(name, "BYTES", shape, data.reshape(shape)),))
+                                   inputs=(Tensor(name, "BYTES", shape, data.reshape(shape)),),
+                                   timeout_ms=client_timeout_ms(request.headers))
             result = await self.dp.infer(req, disconnect_watcher(request))
         except HeadroomError as exc:
             return _openai_error(exc.message, exc.http_status, None, exc.retry_after_s)

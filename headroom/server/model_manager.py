@@ -29,7 +29,8 @@ from headroom.lifecycle.memory_budget import model_size_bytes
 from headroom.lifecycle.residency import Residency, ResidencyConfig
 from headroom.models.repository import LoadedModel, ModelEntry, ModelRepository, RepositoryIndex
 from headroom.protocol.triton_config import apply_config_override
-from headroom.server.dataplane import DataPlane, ServedVersion
+from headroom.server.dataplane import DataPlane
+from headroom.server.served import ServedVersion
 
 log = logging.getLogger("headroom.models")
 
@@ -41,7 +42,8 @@ CONTROL_REFUSED = "explicit model load / unload is not allowed if polling is ena
 def served_version(loaded: LoadedModel) -> ServedVersion:
     """What the data plane serves for a loaded version."""
     return ServedVersion(name=loaded.name, version=loaded.version, config=loaded.config, model=loaded.model,
-                         cold_start=loaded.cold_start, version_dir=loaded.version_dir)
+                         cold_start=loaded.cold_start, version_dir=loaded.version_dir,
+                         warmup_batches=loaded.warmup_batches)
 
 
 def entry_size_bytes(entry: ModelEntry) -> int:

@@ -46,7 +46,7 @@ from headroom.loadgen.workloads import WorkloadSpec
 from headroom.models.config import ModelConfig
 from headroom.models.repository import ModelRepository
 from headroom.profiling.affinity import parse_cpus
-from headroom.server.dataplane import policy_config
+from headroom.server.served import policy_config
 from headroom.sim.calibrate import (
     Overhead,
     RunningServer,

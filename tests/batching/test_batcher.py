@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 
 from headroom.batching.batcher import Batcher, BatcherConfig
 from headroom.batching.policy import BatchPolicyConfig
-from headroom.core.clock import MonotonicClock
+from headroom.batching.queue import BatchResult
+from headroom.core.clock import FakeClock, MonotonicClock
 from headroom.core.errors import DeadlineExceeded, HeadroomError, Overloaded
 from headroom.models.base import Model
 from headroom.models.config import ModelConfig, TensorSpec
@@ -202,3 +204,42 @@ async def test_cheap_preprocess_runs_on_the_event_loop_other_preprocess_in_a_wor
     assert [float(o[0, 0]) for o in outs] == [0, 2, 4]
     on_loop = [t == threading.get_ident() for t in model.preprocess_threads]
     assert on_loop == [cheap] * 3
+
+
+async def test_admission_by_predicted_delay_starts_from_the_warm_estimate() -> None:
+    """On a fake clock: warmup's batches (1 item: 15 ms, 8 items: 50 ms) give 10 ms + 5 ms per item; 9
+    requests held (a batch of 8 running, 1 queued) predict 2 x 10 + 10 x 5 = 70 ms for a tenth; a budget
+    under that is refused with the backlog's drain time, 65 ms."""
+    model = Doubler()
+    model.gate.clear()
+    clock = FakeClock(100.0)
+    cfg = BatchPolicyConfig(max_batch_size=8, max_queue_delay_s=0.0)
+    b = Batcher(model, BatcherConfig(policy=cfg, max_queue_size=64, warmup_batches=((1, 0.015), (8, 0.05))),
+                clock, name="doubler")
+    assert b.service_time_s > 0
+    b.start()
+
+    def request(value: float, budget_s: float) -> Coroutine[Any, Any, BatchResult]:
+        return b.submit({"x": np.array([[value]], dtype=np.float32)}, {}, deadline_s=clock.now_s() + 60,
+                        budget_s=budget_s)
+
+    try:
+        b.check_admission(0.001)  # nothing ahead: admitted although its own batch takes longer
+        held = [asyncio.create_task(request(float(i), 1.0)) for i in range(9)]
+        for _ in range(1000):
+            if b.admitted == 9:
+                break
+            await asyncio.sleep(0)
+        assert b.admitted == 9
+        b.check_admission(0.071)
+        with pytest.raises(Overloaded, match=r"9 requests ahead \(batches of up to 8 at 10\.0 ms \+ 5\.00 ms") as info:
+            b.check_admission(0.069)
+        assert info.value.http_status == 503 and info.value.retry_after_s == pytest.approx(0.065)
+        with pytest.raises(Overloaded, match="latency budget of 50 ms"):
+            await request(99.0, 0.05)
+        assert b.admitted == 9  # the refused request was never admitted
+        model.gate.set()
+        await asyncio.gather(*held)
+    finally:
+        await b.stop()
+    assert all(99.0 not in batch for batch in model.batches)

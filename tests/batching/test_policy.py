@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from headroom.batching.policy import (
     BatchPolicyConfig,
@@ -141,3 +143,43 @@ def test_never_waits_forever_with_live_requests() -> None:
     cfg = BatchPolicyConfig(max_batch_size=8, max_queue_delay_s=0.01)
     d = decide(QueueSnapshot(items=items(0.0, deadline_s=math.inf)), 0.0, cfg)
     assert d.wake_at_s is not None and math.isfinite(d.wake_at_s)
+
+
+def test_requests_with_other_non_batch_dims_wait_for_their_own_batch() -> None:
+    """Alternating shapes [1,3] / [1,4]: each batch holds one shape; the other shape is taken next."""
+    cfg = BatchPolicyConfig(max_batch_size=8, max_queue_delay_s=0.0)
+    keys = [(("x", (3,)),), (("x", (4,)),)]
+    queue = tuple(QueuedItem(enqueued_s=i * 0.001, deadline_s=100.0, batch_key=keys[i % 2]) for i in range(6))
+    first = decide(QueueSnapshot(items=queue), 1.0, cfg)
+    assert first.take == (0, 2, 4)
+    rest = tuple(item for i, item in enumerate(queue) if i not in first.take)
+    assert decide(QueueSnapshot(items=rest), 1.0, cfg).take == (0, 1, 2)
+
+
+def test_a_full_batch_counts_compatible_requests_only() -> None:
+    """Seven [3]-shaped requests and one [4]: not a full batch of 8, so the window still applies."""
+    cfg = BatchPolicyConfig(max_batch_size=8, max_queue_delay_s=0.01)
+    queue = tuple(QueuedItem(enqueued_s=0.0, deadline_s=100.0, batch_key=(("x", (4 if i == 7 else 3,)),))
+                  for i in range(8))
+    waiting = decide(QueueSnapshot(items=queue), 0.0, cfg)
+    assert waiting.take == () and waiting.wake_at_s == pytest.approx(0.01)
+    assert decide(QueueSnapshot(items=queue), 0.01, cfg).take == tuple(range(7))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(
+    queue=st.lists(st.tuples(st.floats(0.0, 1.0), st.integers(1, 4), st.integers(1, 2), st.integers(0, 2),
+                             st.sampled_from(["", "f1", "f2"]), st.sampled_from(["a", "b"])), min_size=1, max_size=20),
+    mode=st.sampled_from(["dynamic", "static", "adaptive", "multistream"]),
+    now_s=st.floats(0.0, 2.0),
+)
+def test_no_batch_ever_mixes_batch_keys(queue: list[tuple[float, int, int, int, str, str]], mode: str,
+                                        now_s: float) -> None:
+    cfg = BatchPolicyConfig(mode=mode, max_batch_size=6, max_queue_delay_s=0.01, expected_streams=("a", "b"))
+    snapshot = QueueSnapshot(items=tuple(
+        QueuedItem(enqueued_s=t, deadline_s=t + 1.0, size=size, priority=prio, group=group, stream=stream,
+                   batch_key=(("x", (key,)),))
+        for t, size, prio, key, group, stream in queue))
+    decision = decide(snapshot, now_s, cfg)
+    assert len({snapshot.items[i].batch_key for i in decision.take}) <= 1
+    assert not set(decision.take) & set(decision.expire)

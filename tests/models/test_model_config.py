@@ -68,3 +68,20 @@ def test_unknown_keys_are_refused_with_a_did_you_mean(patch: dict[str, object], 
     with pytest.raises(ValueError) as info:
         parse_model_config({**BASE, **patch}, "m")
     assert needle in str(info.value)
+
+
+def test_batch_key_is_the_non_batch_dims_except_ragged_inputs() -> None:
+    inputs = [{**BASE["inputs"][0], "allow_ragged_batch": True}, BASE["inputs"][1]]  # type: ignore[index]
+    ragged = Model(parse_model_config({**BASE, "inputs": inputs}, "m"))
+    strict = Model(parse_model_config(BASE, "m"))
+    a = {"pixels": np.zeros((1, 2, 3), np.uint8), "text": np.zeros((1, 1), object)}
+    b = {"pixels": np.zeros((3, 2, 5), np.uint8), "text": np.zeros((3, 1), object)}
+    assert strict.batch_key(a) != strict.batch_key(b)
+    assert strict.batch_key(a) == strict.batch_key({**a, "pixels": np.ones((4, 2, 3), np.uint8)})
+    assert ragged.batch_key(a) == ragged.batch_key(b) == (("text", (1,)),)
+
+
+def test_allow_ragged_batch_must_be_a_bool() -> None:
+    inputs = [{**BASE["inputs"][0], "allow_ragged_batch": "yes"}]  # type: ignore[index]
+    with pytest.raises(ValueError, match=r"inputs\[0\].allow_ragged_batch: true or false"):
+        parse_model_config({**BASE, "inputs": inputs}, "m")

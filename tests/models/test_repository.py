@@ -43,6 +43,9 @@ def test_new_directory_with_a_python_class_is_served_without_code_change(write_m
     np.testing.assert_array_equal(out["y"], [[3.0, 6.0, 9.0]])
     assert [s.name for s in loaded.cold_start] == ["read_weights", "build_session", "warmup"]
     assert loaded.warmup_batch_sizes == (1, 4)
+    # each warmup batch is timed: the batcher's first service-time estimate (never 0)
+    assert len(loaded.warmup_batch_s) == 2 and all(s > 0 for s in loaded.warmup_batch_s)
+    assert loaded.warmup_batches == ((4, loaded.warmup_batch_s[1]),)  # the first, cold run is left out
     loaded.unload()
 
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import tracemalloc
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from headroom.core.errors import InvalidRequest
 from headroom.core.types import V2_TO_NUMPY
+from headroom.models.config import ModelConfig, TensorSpec
 
 NUMERIC = tuple(d for d in V2_TO_NUMPY if d != "BYTES")
 ALL_DATATYPES = tuple(V2_TO_NUMPY)
@@ -61,3 +66,32 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
 
 def _as_bytes(array: np.ndarray) -> list[bytes]:
     return [x.encode("utf-8") if isinstance(x, str) else bytes(x) for x in array.reshape(-1)]
+
+
+#: A batching model with a variable dimension: the config alone does not bound an input's size.
+VARIABLE = ModelConfig(name="m", backend="python", inputs=(TensorSpec("x", "BYTES", (-1,)),),
+                       outputs=(TensorSpec("y", "FP32", (1,)),), max_batch_size=8)
+MIB = 1 << 20
+
+#: Dimensions a hostile client may declare: any int64 (gRPC) or JSON integer (HTTP), biased to the edges.
+EDGE_DIMS = (0, 1, 2, 3, 2**31 - 1, 2**31, 2**32, 2**40, 2**53, 2**62, 2**63 - 1)
+
+
+def hostile_dims(low: int = -(2**63), high: int = 2**64 - 1) -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from(EDGE_DIMS), st.integers(low, high), st.integers(0, 2**16))
+
+
+def hostile_shapes(low: int = -(2**63), high: int = 2**64 - 1) -> st.SearchStrategy[list[int]]:
+    """Shapes of rank 0..40 whose dimensions range over the whole int64 (or JSON) range."""
+    return st.lists(hostile_dims(low, high), min_size=0, max_size=40)
+
+
+def traced_peak_bytes(call: Callable[[], object]) -> int:
+    """Peak bytes Python and numpy allocated while `call` ran (tracemalloc sees numpy's buffers)."""
+    tracemalloc.start()
+    try:
+        with contextlib.suppress(InvalidRequest):
+            call()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()

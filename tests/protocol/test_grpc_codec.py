@@ -15,7 +15,7 @@ from headroom.core.types import InferenceResponse, RequestedOutput, Tensor
 from headroom.protocol.generated import headroom_inference_pb2 as pb
 from headroom.protocol.grpc_codec import decode_model_infer, encode_model_infer
 
-from .strategies import same, typed_tensors
+from .strategies import MIB, VARIABLE, hostile_shapes, same, traced_peak_bytes, typed_tensors
 
 
 def _from_triton(inputs: list[grpcclient.InferInput], **kwargs: object) -> pb.ModelInferRequest:
@@ -150,3 +150,33 @@ def test_malformed_grpc_requests() -> None:
     for message, text in cases:
         with pytest.raises(InvalidRequest, match=text):
             decode_model_infer(message)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(shape=hostile_shapes(high=2**63 - 1), datatype=st.sampled_from(["BYTES", "FP32", "BOOL", "INT64"]),
+       payload=st.binary(max_size=24), raw=st.booleans(), checked=st.booleans())
+def test_declared_shapes_cost_at_most_the_message(shape: list[int], datatype: str, payload: bytes, raw: bool,
+                                                  checked: bool) -> None:
+    """raw_input_contents (possibly empty) or typed contents against any int64 shape: InvalidRequest or a
+    tensor, and never an allocation sized by the shape."""
+    message = pb.ModelInferRequest(model_name="m")
+    item = message.inputs.add(name="x", datatype=datatype, shape=shape)
+    if raw:
+        message.raw_input_contents.append(payload)
+    elif datatype == "BYTES":
+        item.contents.bytes_contents.extend([payload])
+    elif datatype == "FP32":
+        item.contents.fp32_contents.extend(float(b) for b in payload)
+    config = VARIABLE if checked else None
+    assert traced_peak_bytes(lambda: decode_model_infer(message, "", config)) < MIB
+
+
+def test_empty_raw_contents_for_a_huge_bytes_shape_is_refused() -> None:
+    message = pb.ModelInferRequest(model_name="m")
+    message.inputs.add(name="x", datatype="BYTES", shape=[1, 50_000_000])
+    message.raw_input_contents.append(b"")
+    with pytest.raises(InvalidRequest, match="50000000 BYTES elements need at least 200000000 bytes"):
+        decode_model_infer(message, "", VARIABLE)
+    message.inputs[0].shape[:] = [1, 2**62]
+    with pytest.raises(InvalidRequest, match=r"input 'x': shape \[1, 4611686018427387904\] describes more"):
+        decode_model_infer(message, "", VARIABLE)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from headroom.core.errors import InvalidRequest
 from headroom.protocol.http_request import decode_infer_request, parse_header_length
 
-from .strategies import same, typed_tensors
+from .strategies import MIB, VARIABLE, hostile_shapes, same, traced_peak_bytes, typed_tensors
 
 
 def _triton_body(inputs: list[httpclient.InferInput], **kwargs: object) -> tuple[bytes, int | None]:
@@ -205,3 +205,60 @@ def test_header_length_parsing() -> None:
         parse_header_length("twelve")
     with pytest.raises(InvalidRequest, match=">= 0"):
         parse_header_length("-1")
+
+
+def _hostile_body(shape: list[int], datatype: str, payload: bytes, binary: bool) -> tuple[bytes, int | None]:
+    item: dict[str, object] = {"name": "x", "datatype": datatype, "shape": shape}
+    if binary:
+        item["parameters"] = {"binary_data_size": len(payload)}
+    else:
+        item["data"] = [chr(65 + b % 26) for b in payload] if datatype == "BYTES" else list(payload)
+    header = json.dumps({"inputs": [item]}).encode()
+    return (header + payload, len(header)) if binary else (header, None)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@given(shape=hostile_shapes(), datatype=st.sampled_from(["BYTES", "FP32", "BOOL", "UINT8", "INT64"]),
+       payload=st.binary(max_size=24), binary=st.booleans(), checked=st.booleans())
+def test_declared_shapes_cost_at_most_the_body(shape: list[int], datatype: str, payload: bytes, binary: bool,
+                                               checked: bool) -> None:
+    """Any declared shape (negative, near 2^62/2^63/2^64, products that overflow int64, rank up to 40),
+    with or without the model's config: InvalidRequest or a decoded tensor, and never more allocated than a
+    small multiple of the body."""
+    body, header_length = _hostile_body(shape, datatype, payload, binary)
+    config = VARIABLE if checked else None
+    peak = traced_peak_bytes(lambda: decode_infer_request(body, header_length, "m", "", "", config))
+    assert peak < MIB
+
+
+def test_the_issue_17_request_is_refused_without_allocating() -> None:
+    """114 bytes declaring 5e7 BYTES elements with binary_data_size 0: refused, naming the input."""
+    body, header_length = _hostile_body([1, 50_000_000], "BYTES", b"", True)
+    with pytest.raises(InvalidRequest, match="input 'x': 50000000 BYTES elements need at least 200000000 bytes"):
+        decode_infer_request(body, header_length, "m", "", "", VARIABLE)
+    assert traced_peak_bytes(lambda: decode_infer_request(body, header_length, "m", "", "", VARIABLE)) < MIB
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ([1, 2**62], r"describes more than 2\^40 elements"),
+        ([0, 2**63 - 1, 8], r"describes more than 2\^40 elements"),
+        ([2**32, 2**32], r"describes more than 2\^40 elements"),
+        ([1, -1], "non-negative integers"),
+        ([1] * 33, "at most 32 are supported"),
+        ([9, 1], "batch dimension 9 must be between 1 and max_batch_size 8"),
+        ([1, 2, 3], r"shape \[1, 2, 3\] but the model expects \[batch, -1\]"),
+    ],
+)
+def test_overflowing_or_misfit_shapes_say_what_is_wrong(shape: list[int], message: str) -> None:
+    body, header_length = _hostile_body(shape, "BYTES", b"", True)
+    with pytest.raises(InvalidRequest, match=message):
+        decode_infer_request(body, header_length, "m", "", "", VARIABLE)
+
+
+def test_the_config_is_checked_before_the_data() -> None:
+    """A datatype the model does not take is refused before its (malformed) data is looked at."""
+    body, header_length = _hostile_body([1, 1], "FP32", b"\x00", True)
+    with pytest.raises(InvalidRequest, match="datatype FP32 but the model expects BYTES"):
+        decode_infer_request(body, header_length, "m", "", "", VARIABLE)

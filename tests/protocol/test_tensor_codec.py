@@ -63,7 +63,8 @@ def test_non_finite_and_non_utf8_are_not_json_representable() -> None:
     [
         (b"\x00" * 7, "FP32", (2,), "7 bytes of FP32 data, but shape [2] needs 2 x 4 = 8 bytes"),
         (b"\x05\x00\x00\x00ab", "BYTES", (1,), "claims 5 bytes but only 2 remain"),
-        (b"\x01\x00", "BYTES", (1,), "4-byte little-endian length prefix"),
+        (b"\x01\x00", "BYTES", (1,), "1 BYTES elements need at least 4 bytes"),
+        (b"\x01\x00\x00\x00a\x01\x00\x00", "BYTES", (2,), "ends after 1 of 2 elements"),
         (b"\x01\x00\x00\x00ab", "BYTES", (1,), "1 bytes left over"),
         (b"\x02", "BOOL", (1,), "BOOL data must be bytes 0 or 1"),
         (b"", "FP32", (-1,), "non-negative integers"),

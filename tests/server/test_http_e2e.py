@@ -139,19 +139,29 @@ async def test_full_queue_gives_503_with_retry_after_and_is_counted(server: Runn
     assert metric(text, "headroom_requests_total", model="slow", outcome="rejected") >= 1
 
 
+async def _settle_service_estimate(client: httpx.AsyncClient, tag: int) -> None:
+    """Ten instant batches pull slow's service-time EWMA (alpha 0.2) under 0.11x whatever earlier tests left."""
+    for i in range(10):
+        assert (await client.post("/v2/models/slow/infer", json=_slow_body(0, tag + i))).status_code == 200
+
+
 async def test_expired_deadline_gives_504_and_the_model_never_sees_it(server: RunningServer,
                                                                       test_repo: Path) -> None:
+    """Admitted on a short predicted delay (the estimate says batches are instant), the request's deadline
+    then passes behind a 1 s batch: 504, never executed."""
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-        blocker = asyncio.create_task(client.post("/v2/models/slow/infer", json=_slow_body(500, 300)))
+        await _settle_service_estimate(client, 310)
+        blocker = asyncio.create_task(client.post("/v2/models/slow/infer", json=_slow_body(1000, 300)))
         await asyncio.sleep(0.15)
         r = await client.post("/v2/models/slow/infer", json=_slow_body(0, 301),
-                               headers={"X-Request-Timeout-Ms": "100"})
+                               headers={"X-Request-Timeout-Ms": "500"})
         assert r.status_code == 504, r.text
         assert (await blocker).status_code == 200
         # The V2 `timeout` parameter works the same way.
+        await _settle_service_estimate(client, 320)
         body = _slow_body(0, 302)
-        body["parameters"] = {"timeout": 50_000}  # microseconds, Triton's convention
-        blocker = asyncio.create_task(client.post("/v2/models/slow/infer", json=_slow_body(400, 303)))
+        body["parameters"] = {"timeout": 500_000}  # microseconds, Triton's convention
+        blocker = asyncio.create_task(client.post("/v2/models/slow/infer", json=_slow_body(1000, 303)))
         await asyncio.sleep(0.15)
         r2 = await client.post("/v2/models/slow/infer", json=body)
         assert r2.status_code == 504, r2.text
@@ -159,6 +169,28 @@ async def test_expired_deadline_gives_504_and_the_model_never_sees_it(server: Ru
         text = (await client.get("/metrics")).text
     assert 301 not in seen_tags(test_repo) and 302 not in seen_tags(test_repo)
     assert metric(text, "headroom_requests_total", model="slow", outcome="timeout") >= 2
+
+
+async def test_a_predicted_delay_over_the_budget_gets_503_at_once(server: RunningServer, test_repo: Path) -> None:
+    """Deadline-aware admission: after a 1 s batch the estimate is >= 200 ms per batch, so one request ahead
+    predicts >= 400 ms; a 300 ms budget (header or V2 `timeout`) is refused while the blocker still runs."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        await _settle_service_estimate(client, 330)
+        assert (await client.post("/v2/models/slow/infer", json=_slow_body(1000, 340))).status_code == 200
+        blocker = asyncio.create_task(client.post("/v2/models/slow/infer", json=_slow_body(1000, 341)))
+        await asyncio.sleep(0.15)
+        r = await client.post("/v2/models/slow/infer", json=_slow_body(0, 342), headers={"X-Request-Timeout-Ms": "300"})
+        body = _slow_body(0, 343)
+        body["parameters"] = {"timeout": 300_000}
+        r2 = await client.post("/v2/models/slow/infer", json=body)
+        assert not blocker.done()
+        for reply in (r, r2):
+            assert reply.status_code == 503 and reply.json()["reason"] == "overloaded", reply.text
+            assert "latency budget of 300 ms" in reply.json()["error"] and int(reply.headers["Retry-After"]) >= 1
+        assert (await blocker).status_code == 200
+        text = (await client.get("/metrics")).text
+    assert 342 not in seen_tags(test_repo) and 343 not in seen_tags(test_repo)
+    assert metric(text, "headroom_requests_total", model="slow", outcome="rejected") >= 2
 
 
 def test_disconnected_client_is_dropped_from_the_queue(server: RunningServer, test_repo: Path) -> None:
