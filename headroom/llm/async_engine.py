@@ -123,10 +123,11 @@ class AsyncLLMEngine:
         if target is None:
             return
         loop, stream = target
+        item: SequenceOutput | BaseException = out if out.error is None else out.error
         with contextlib.suppress(RuntimeError):  # the loop closed under us: nobody listens any more
-            loop.call_soon_threadsafe(stream.put_nowait, out)
-        if out.finished and not self.engine.has_request(out.parent_id):
-            self._streams.pop(out.parent_id, None)
+            loop.call_soon_threadsafe(stream.put_nowait, item)
+        if out.error is not None or (out.finished and not self.engine.has_request(out.parent_id)):
+            self._streams.pop(out.parent_id, None)  # a failed sequence ends its whole request
 
     def _run(self) -> None:
         if self.engine.config.num_threads > 0:  # OpenMP thread counts are per calling thread: set it here too

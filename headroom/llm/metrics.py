@@ -78,11 +78,16 @@ class LLMMetrics:
         for g in (self.running, self.waiting, self.kv_usage):
             g.labels(model_name).set(0)
 
+    def on_gauges(self, num_running: int, num_waiting: int, kv_cache_usage: float) -> None:
+        """The engine's state now: after every step, abort and disconnect (never stale while idle)."""
+        m = self._model
+        self.running.labels(m).set(num_running)
+        self.waiting.labels(m).set(num_waiting)
+        self.kv_usage.labels(m).set(kv_cache_usage)
+
     def on_step(self, stats: StepStats) -> None:
         m = self._model
-        self.running.labels(m).set(stats.num_running)
-        self.waiting.labels(m).set(stats.num_waiting)
-        self.kv_usage.labels(m).set(stats.kv_cache_usage)
+        self.on_gauges(stats.num_running, stats.num_waiting, stats.kv_cache_usage)
         self.prefix_queries.labels(m).inc(stats.prefix_queries_tokens)
         self.prefix_hits.labels(m).inc(stats.prefix_hits_tokens)
         self.preemptions.labels(m).inc(stats.num_preempted)

@@ -16,6 +16,7 @@ responses also carry the times as `Server-Timing: preprocess, queue, prefill, de
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -38,6 +39,7 @@ from headroom.llm.request import FinishReason, SamplingParams, SequenceOutput, T
 from headroom.llm.tokenizer import Tokenizer
 
 UsageCallback = Callable[[LLMUsage], None]
+log = logging.getLogger("headroom.llm")
 
 
 class OpenAIServing:
@@ -79,6 +81,9 @@ class OpenAIServing:
             return await self._run("chat", req, prompt_ids, params, _Tally(started_s, len(prompt_ids), on_usage))
         except (ValidationError, HeadroomError) as exc:
             return from_exception(exc)
+        except Exception as exc:  # e.g. the tokenizer or chat template failed on this input: 500, this one only
+            log.exception("request to %s failed", self.model_name)
+            return from_exception(exc)
 
     async def create_completion(self, body: Any, on_usage: UsageCallback | None = None) -> ServingResponse:
         """`on_usage` gets one `LLMUsage` when a generation that was admitted ends (never for refusals)."""
@@ -102,6 +107,9 @@ class OpenAIServing:
             params = self._params(req, prompt_ids, req.max_tokens, req.logprobs)
             return await self._run("text", req, prompt_ids, params, _Tally(started_s, len(prompt_ids), on_usage))
         except (ValidationError, HeadroomError) as exc:
+            return from_exception(exc)
+        except Exception as exc:  # e.g. the tokenizer or chat template failed on this input: 500, this one only
+            log.exception("request to %s failed", self.model_name)
             return from_exception(exc)
 
     # --- internals --------------------------------------------------------------------------------------
@@ -262,9 +270,10 @@ class OpenAIServing:
         except HeadroomError as exc:
             failed = not isinstance(exc, DeadlineExceeded)
             yield sse(from_exception(exc).body or {})
-        except Exception:
+        except Exception as exc:  # e.g. decoding a logprob's token failed: end this stream with an error event
+            log.exception("stream %s failed", rid)
             failed = True
-            raise
+            yield sse(from_exception(exc).body or {})
         finally:  # also when the client left (the response closes this generator) or the task was cancelled
             tally.report(failed)
         yield "data: [DONE]\n\n"

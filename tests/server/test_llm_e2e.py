@@ -49,3 +49,26 @@ def test_completions_and_openai_shaped_errors(llm_server: RunningServer) -> None
     assert bad.status_code == 400 and "message" in bad.json()["error"]
     metrics = httpx.get(llm_server.url + "/metrics").text
     assert "headroom_llm_time_to_first_token_seconds" in metrics
+
+
+def test_hostile_sampling_parameters_fail_that_request_only(llm_server: RunningServer) -> None:
+    """repetition_penalty 1e-300 at temperature 0.7 makes the distribution non-finite: a 400 for that request
+    (streamed: an error event), while the engine, readiness and the next request are unaffected."""
+    client = OpenAI(base_url=llm_server.url + "/v1", api_key="unused")
+    messages = [{"role": "user", "content": "Say something about Paris, please."}]
+    hostile = {"repetition_penalty": 1e-300}
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="smollm2", messages=messages, max_tokens=4,  # type: ignore[arg-type]
+                                       temperature=0.7, extra_body=hostile)
+    assert "repetition_penalty" in str(bad.value)
+    body = {"model": "smollm2", "messages": messages, "max_tokens": 4, "temperature": 0.7, "stream": True, **hostile}
+    with httpx.stream("POST", llm_server.url + "/v1/chat/completions", json=body, timeout=30) as stream:
+        events = [line for line in stream.iter_lines() if line.startswith("data: ")]
+    if stream.status_code == 200:  # admitted, failed in the step: an error event, then [DONE]
+        assert '"error"' in events[-2] and events[-1] == "data: [DONE]"
+    else:  # refused up front by request validation
+        assert stream.status_code == 400
+    assert httpx.get(llm_server.url + "/v2/health/ready").status_code == 200
+    assert httpx.get(llm_server.url + "/v2/health/live").status_code == 200
+    reply = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=4, temperature=0)  # type: ignore[arg-type]
+    assert reply.choices[0].message.content
