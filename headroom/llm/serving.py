@@ -25,7 +25,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from headroom.core.errors import DeadlineExceeded, HeadroomError, InvalidRequest, ModelNotFound, NotReady
+from headroom.core.lifecycle import ServingLifecycle
 from headroom.gateway.usage import LLMUsage
+from headroom.llm.admission import admitted
 from headroom.llm.async_engine import AsyncLLMEngine
 from headroom.llm.openai_protocol import (
     BaseRequest,
@@ -45,8 +47,10 @@ log = logging.getLogger("headroom.llm")
 class OpenAIServing:
     """Chat completions, completions and the model card for one served LLM."""
 
-    def __init__(self, model_name: str, tokenizer: Tokenizer | None = None, max_model_len: int = 0) -> None:
+    def __init__(self, model_name: str, tokenizer: Tokenizer | None = None, max_model_len: int = 0,
+                 lifecycle: ServingLifecycle | None = None) -> None:
         self.model_name = model_name
+        self.lifecycle = lifecycle or ServingLifecycle()  # the server's: admission, drain, in-flight count
         self.engine: AsyncLLMEngine | None = None  # attached once the model is loaded
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -67,6 +71,7 @@ class OpenAIServing:
         return [card]
 
     # --- entry points -----------------------------------------------------------------------------------
+    @admitted
     async def create_chat_completion(self, body: Any, on_usage: UsageCallback | None = None) -> ServingResponse:
         """`on_usage` gets one `LLMUsage` when a generation that was admitted ends (never for refusals)."""
         started_s = time.monotonic()
@@ -85,6 +90,7 @@ class OpenAIServing:
             log.exception("request to %s failed", self.model_name)
             return from_exception(exc)
 
+    @admitted
     async def create_completion(self, body: Any, on_usage: UsageCallback | None = None) -> ServingResponse:
         """`on_usage` gets one `LLMUsage` when a generation that was admitted ends (never for refusals)."""
         started_s = time.monotonic()
