@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import httpx
@@ -72,3 +75,38 @@ def test_hostile_sampling_parameters_fail_that_request_only(llm_server: RunningS
     assert httpx.get(llm_server.url + "/v2/health/live").status_code == 200
     reply = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=4, temperature=0)  # type: ignore[arg-type]
     assert reply.choices[0].message.content
+
+
+def _gauges(srv: RunningServer) -> tuple[float, float, float]:
+    """(running, waiting, kv_cache_usage_perc) of smollm2 from /metrics."""
+    values: dict[str, float] = {}
+    for line in httpx.get(srv.url + "/metrics").text.splitlines():
+        for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+            if line.startswith(f'headroom_llm_{name}{{model_name="smollm2"}}'):
+                values[name] = float(line.rsplit(" ", 1)[1])
+    return values["num_requests_running"], values["num_requests_waiting"], values["kv_cache_usage_perc"]
+
+
+def test_abandoned_streams_leave_the_gauges_at_idle(llm_server: RunningServer) -> None:
+    """16 clients start a long stream each and go away after its first event: the gauges go back to idle
+    without another request arriving (they used to keep their values until the next step)."""
+
+    async def open_and_abandon() -> None:
+        async with httpx.AsyncClient(base_url=llm_server.url, timeout=60) as client, AsyncExitStack() as streams:
+            for i in range(16):
+                body = {"messages": [{"role": "user", "content": f"Tell story number {i}."}], "stream": True,
+                        "max_tokens": 1000, "ignore_eos": True, "temperature": 0.7}
+                resp = await streams.enter_async_context(client.stream("POST", "/v1/chat/completions", json=body))
+                assert resp.status_code == 200
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: "):
+                        break
+            running, _, kv = _gauges(llm_server)
+            assert running >= 1 and kv > 0
+        # leaving the stack closed every response before its end: 16 client disconnects
+
+    asyncio.run(open_and_abandon())
+    deadline = time.monotonic() + 10.0
+    while _gauges(llm_server) != (0.0, 0.0, 0.0):  # polled with a bound: the server has nothing to await on
+        assert time.monotonic() < deadline, f"gauges not idle 10 s after the disconnects: {_gauges(llm_server)}"
+        time.sleep(0.01)
