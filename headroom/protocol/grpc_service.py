@@ -27,7 +27,7 @@ import grpc
 from google.protobuf import message_factory
 
 from headroom.core.dataplane import InferenceDataPlane
-from headroom.core.errors import HeadroomError
+from headroom.core.errors import DRAINING_HEADER, Draining, HeadroomError
 from headroom.core.types import InferenceRequest, InferenceResponse
 from headroom.protocol.generated import headroom_inference_pb2 as pb
 from headroom.protocol.grpc_codec import decode_model_infer, encode_model_infer
@@ -158,6 +158,8 @@ def _guarded(name: str, method: Handler) -> Handler:
             return await method(request, context)
         except HeadroomError as exc:
             code, message = grpc.StatusCode[exc.grpc_code], exc.message
+            if isinstance(exc, Draining):  # as the HTTP header: the router retries it on another replica
+                context.set_trailing_metadata(((DRAINING_HEADER, "1"),))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
