@@ -2,8 +2,8 @@
 
 Sampling is robust per row: a row whose logits or probabilities are not finite gets a `SamplingError` in
 its place (the engine finishes that sequence with it), never an exception that would fail the whole batch.
-The check costs O(1) per row on the greedy path (the picked logit must be finite: argmax picks a NaN or
-+inf when there is one) and one reduction over the row's probabilities when sampling.
+The check costs O(1) per row on the greedy path (the picked logit must be finite: the row's max is NaN or
++inf when there is one, and `max` returns it with the index, in the pass argmax would make anyway) and one reduction over the row's probabilities when sampling.
 """
 
 from __future__ import annotations
@@ -84,9 +84,9 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request]) -> list[Pick | Headroo
     argmax: list[int] = []
     picked_ok: list[bool] = []
     if plain_greedy:
-        best = logits.argmax(-1)
+        best_values, best = logits.max(-1)  # one pass, as argmax; NaN propagates into the value
         argmax = best.tolist()
-        picked_ok = torch.isfinite(logits.gather(-1, best.unsqueeze(-1)).squeeze(-1)).tolist()
+        picked_ok = torch.isfinite(best_values).tolist()
     for i, req in enumerate(reqs):
         p = req.params
         raw = logits[i]

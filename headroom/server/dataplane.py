@@ -173,9 +173,6 @@ class DataPlane:
         """Requests in flight, tensor and LLM alike (the shared lifecycle counts them)."""
         return self.lifecycle.inflight
 
-    def start_draining(self) -> None:
-        self.lifecycle.start_draining()
-
     async def stop(self) -> None:
         for versions in self._slots.values():
             for slot in versions.values():
