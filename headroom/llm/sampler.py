@@ -1,11 +1,11 @@
 """Token selection from logits: penalties, temperature, top-k, top-p, min-p, seeded sampling, logprobs.
 
-Sampling is robust per row: a row whose logits or probabilities are not finite gets a `SamplingError` in
-its place (the engine finishes that sequence with it), never an exception that would fail the whole batch.
-The check costs O(1) per row on the greedy path (the picked logit must be finite: the row's max is NaN or
-+inf when there is one, and `max` returns it with the index, in the pass argmax would make anyway) and one reduction over the row's probabilities when sampling.
+Sampling is robust per row: a row whose logits or probabilities are not finite gets an error in its place
+(400 InvalidRequest or 500 SamplingError; the engine finishes that sequence with it), never an exception
+that would fail the whole batch. The check costs O(1) per row on the greedy path (the row's max is NaN or
++inf when there is one, and `max` returns it with the index, in the pass argmax makes anyway) and one sum
+over the row's probabilities when sampling.
 """
-
 from __future__ import annotations
 
 from collections import Counter
