@@ -124,9 +124,10 @@ class Batcher:
     async def stop(self) -> None:
         """Cancel the loop, fail what is still queued with NotReady-like errors, release threads."""
         if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+            if self._died is None:  # a loop that died was already reported; its exception is not stop()'s
+                self._loop_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._loop_task
             self._loop_task = None
         for entry in self._queue:
             if not entry.future.done():

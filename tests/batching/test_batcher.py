@@ -202,3 +202,28 @@ async def test_cheap_preprocess_runs_on_the_event_loop_other_preprocess_in_a_wor
     assert [float(o[0, 0]) for o in outs] == [0, 2, 4]
     on_loop = [t == threading.get_ident() for t in model.preprocess_threads]
     assert on_loop == [cheap] * 3
+
+
+async def test_a_loop_that_dies_fails_its_queue_refuses_new_work_and_reports_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from headroom.batching import batcher as batcher_module
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("policy bug")
+
+    monkeypatch.setattr(batcher_module, "decide", broken)
+    died: list[BaseException] = []
+    cfg = BatchPolicyConfig(max_batch_size=8, max_queue_delay_s=0.05)
+    b = Batcher(Doubler(), BatcherConfig(policy=cfg), MonotonicClock(), name="doubler", on_fatal=died.append)
+    b.start()
+    try:
+        assert b.alive
+        with pytest.raises(HeadroomError, match="batcher failed: policy bug"):
+            await asyncio.wait_for(submit(b, 1.0), 5)  # queued when the loop died: failed, not left hanging
+        assert not b.alive and [str(e) for e in died] == ["policy bug"]
+        with pytest.raises(HeadroomError, match="batcher failed"):
+            await asyncio.wait_for(submit(b, 2.0), 5)  # nothing would take it from the queue: refused
+        assert len(died) == 1
+    finally:
+        await b.stop()

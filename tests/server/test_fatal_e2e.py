@@ -84,6 +84,7 @@ def test_llm_engine_death_fails_its_streams_turns_liveness_red_and_exits_non_zer
         assert slow and slow[0].status_code == 200  # the other model drained: its request finished
         log = srv.log()
         assert "Traceback" in log and "injected fault in the LLM step" in log
+        assert '"stopped"' in log  # the orderly shutdown ran to its end (exit 1 is the death, not a crash)
 
 
 def test_batcher_loop_death_turns_liveness_red_and_exits_non_zero(tmp_path: Path) -> None:
@@ -99,3 +100,4 @@ def test_batcher_loop_death_turns_liveness_red_and_exits_non_zero(tmp_path: Path
         assert slow and slow[0].status_code == 200
         log = srv.log()
         assert "Traceback" in log and "injected fault in the batcher loop" in log
+        assert '"stopped"' in log  # the orderly shutdown ran to its end (exit 1 is the death, not a crash)
