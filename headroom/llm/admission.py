@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from headroom.core.errors import HeadroomError
 from headroom.core.lifecycle import ServingLifecycle
@@ -23,15 +23,14 @@ class _Served(Protocol):
     lifecycle: ServingLifecycle
 
 
-S = TypeVar("S", bound=_Served)
-EntryPoint = Callable[[S, Any, Any], Awaitable[ServingResponse]]
+F = TypeVar("F", bound=Callable[..., Awaitable[ServingResponse]])  # (self, body, on_usage=None) -> response
 
 
-def admitted(call: EntryPoint[S]) -> EntryPoint[S]:
-    """Admit, run `call`, and release when its response is complete."""
+def admitted(call: F) -> F:
+    """Admit, run `call`, and release when its response is complete (the signature is kept)."""
 
     @functools.wraps(call)
-    async def entry(self: S, body: Any, on_usage: Any = None) -> ServingResponse:
+    async def entry(self: _Served, body: Any, on_usage: Any = None) -> ServingResponse:
         try:
             self.lifecycle.admit(self.model_name)
         except HeadroomError as exc:
@@ -46,7 +45,7 @@ def admitted(call: EntryPoint[S]) -> EntryPoint[S]:
             return response
         return replace(response, stream=_Releasing(response.stream, self.lifecycle.release))
 
-    return entry
+    return cast(F, entry)
 
 
 class _Releasing:
