@@ -3,30 +3,19 @@ with 503 + `x-headroom-draining: 1` once drain started."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from headroom.core.lifecycle import ServingLifecycle
-from headroom.llm.async_engine import AsyncLLMEngine
-from headroom.llm.config import EngineConfig
-from headroom.llm.offline import build_engine
 from headroom.llm.serving import OpenAIServing
 
 BODY = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture
-async def serving(tiny_chat_parts: Any) -> AsyncIterator[OpenAIServing]:
-    cfg, state, tok = tiny_chat_parts
-    engine = build_engine(cfg, state, EngineConfig(kv_cache_memory_mb=2), tok)
-    aengine = AsyncLLMEngine(engine)
-    aengine.start()
-    s = OpenAIServing("tiny", lifecycle=ServingLifecycle())
-    s.attach(aengine, tok, engine.max_model_len)
-    yield s
-    await aengine.stop()
+def serving(tiny_serving: Any) -> OpenAIServing:
+    s: OpenAIServing = tiny_serving
+    return s
 
 
 async def test_a_json_response_is_released_when_returned(serving: OpenAIServing) -> None:

@@ -4,29 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from headroom.llm.async_engine import AsyncLLMEngine
-from headroom.llm.config import EngineConfig
-from headroom.llm.offline import build_engine
 from headroom.llm.openai_protocol import ServingResponse
 from headroom.llm.serving import OpenAIServing
 
 
 @pytest.fixture
-async def serving(tiny_chat_parts: Any) -> AsyncIterator[OpenAIServing]:
-    cfg, state, tok = tiny_chat_parts
-    engine = build_engine(cfg, state, EngineConfig(kv_cache_memory_mb=2, max_waiting_requests=2), tok)
-    aengine = AsyncLLMEngine(engine)
-    aengine.start()
-    s = OpenAIServing("tiny")
-    s.attach(aengine, tok, engine.max_model_len)
-    yield s
-    await aengine.stop()
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+async def serving(tiny_serving_factory: Any) -> OpenAIServing:
+    s: OpenAIServing = await tiny_serving_factory(max_waiting_requests=2)
+    return s
 
 
 async def _sse(resp: ServingResponse) -> list[Any]:
