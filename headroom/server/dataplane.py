@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -23,7 +22,7 @@ from headroom.batching.policy import BatchPolicyConfig
 from headroom.batching.queue import BatchResult
 from headroom.core.clock import Clock
 from headroom.core.dataplane import DisconnectWatcher, ModelMetadata, ServerMetadata, TensorMetadata
-from headroom.core.errors import Cancelled, HeadroomError, InvalidRequest, ModelNotFound
+from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound
 from headroom.core.lifecycle import ServingLifecycle
 from headroom.core.types import InferenceRequest, InferenceResponse, StageTimings, Tensor, v2_datatype
 from headroom.lifecycle.drift_feed import DriftFeed
@@ -33,6 +32,7 @@ from headroom.models.base import ColdStartStage, Model
 from headroom.models.classification import ImageClassifier, classification_response
 from headroom.models.config import ModelConfig
 from headroom.protocol.validation import validate_against
+from headroom.server.disconnect import race_disconnect
 from headroom.server.metrics import ModelObserver, ServerMetrics
 
 log = logging.getLogger("headroom.access")
@@ -316,7 +316,7 @@ class DataPlane:
             inputs, params, deadline_s=start_s + swap_wait_s + timeout_ms / 1e3, priority=priority,
             group=str(params.get("frame_id", "")), stream=str(params.get("stream_id", "")),
         )
-        result = await _race_disconnect(submit, disconnected, cfg.name)
+        result = await race_disconnect(submit, disconnected, cfg.name)
         return self._response(slot, request, result, start_s)
 
     def _response(self, slot: _Slot, request: InferenceRequest, result: BatchResult,
@@ -389,41 +389,3 @@ def validate_inputs(request: InferenceRequest, cfg: ModelConfig) -> Mapping[str,
     """Check names, datatypes and shapes against the config (headroom.protocol.validation); name → array."""
     validate_against(request, cfg)
     return {t.name: t.data for t in request.inputs}
-
-
-async def _race_disconnect(submit: Coroutine[Any, Any, BatchResult], disconnected: DisconnectWatcher | None,
-                           name: str) -> BatchResult:
-    """Await the batcher; if the client goes away first, cancel (drop from the queue) and raise Cancelled.
-
-    The batcher runs in this task (no extra task and no `asyncio.wait` per request): the watcher, when the
-    client disconnects, cancels this task, and the CancelledError is turned into Cancelled here.
-    """
-    if disconnected is None:
-        return await submit
-    current = asyncio.current_task()
-    if current is None:
-        raise RuntimeError("_race_disconnect must run inside a task")
-    gone = finished = False
-
-    def on_watcher_done(watcher: asyncio.Future[None]) -> None:
-        nonlocal gone
-        if watcher.cancelled():
-            return
-        watcher.exception()  # retrieved: a receive() that failed means the connection is gone too
-        if finished:
-            return
-        gone = True
-        current.cancel()
-
-    watcher = asyncio.ensure_future(disconnected())
-    watcher.add_done_callback(on_watcher_done)
-    try:
-        return await submit
-    except asyncio.CancelledError:
-        if not gone:
-            raise
-        current.uncancel()
-        raise Cancelled(f"client disconnected; request to '{name}' dropped") from None
-    finally:
-        finished = True
-        watcher.cancel()
