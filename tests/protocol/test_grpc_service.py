@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from headroom.core.errors import Draining
 from headroom.protocol.generated import headroom_inference_pb2 as pb
 from headroom.protocol.grpc_service import GrpcServerConfig, bind_grpc_server, stop_grpc_server
 
@@ -189,5 +191,27 @@ async def test_port_in_use_is_a_clear_error() -> None:
     try:
         with pytest.raises(OSError, match="pick another --grpc-port"):
             await bind_grpc_server(FakeDataPlane(), "127.0.0.1", port)
+    finally:
+        await stop_grpc_server(server, grace_s=0)
+
+
+class _DrainingPlane(FakeDataPlane):
+    async def infer(self, request: object, disconnected: object = None) -> Any:
+        raise Draining("the server is draining; send requests for 'slow' elsewhere", retry_after_s=1.0)
+
+
+async def test_a_drain_refusal_carries_the_draining_trailing_metadata() -> None:
+    server, port = await bind_grpc_server(_DrainingPlane(), "127.0.0.1", 0)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            infer = channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=pb.ModelInferRequest.SerializeToString,
+                response_deserializer=pb.ModelInferResponse.FromString,
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await infer(_slow_request("refused"), timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "draining" in str(info.value.details())
+            assert ("x-headroom-draining", "1") in tuple(info.value.trailing_metadata() or ())
     finally:
         await stop_grpc_server(server, grace_s=0)
