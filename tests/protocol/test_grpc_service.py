@@ -119,6 +119,15 @@ def test_errors_map_to_grpc_codes(client: grpcclient.InferenceServerClient) -> N
     assert result.as_numpy("OUTPUT0").tolist() == [[1.0, 1.0]]
 
 
+def _model_infer(channel: grpc.aio.Channel) -> Any:
+    """The raw ModelInfer method on a channel (no client library between the test and the status)."""
+    return channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer",
+        request_serializer=pb.ModelInferRequest.SerializeToString,
+        response_deserializer=pb.ModelInferResponse.FromString,
+    )
+
+
 def _slow_request(request_id: str) -> pb.ModelInferRequest:
     message = pb.ModelInferRequest(model_name="slow", id=request_id)
     message.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
@@ -131,11 +140,7 @@ async def test_client_cancellation_reaches_the_data_plane() -> None:
     server, port = await bind_grpc_server(plane, "127.0.0.1", 0)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            infer = channel.unary_unary(
-                "/inference.GRPCInferenceService/ModelInfer",
-                request_serializer=pb.ModelInferRequest.SerializeToString,
-                response_deserializer=pb.ModelInferResponse.FromString,
-            )
+            infer = _model_infer(channel)
             call = infer(_slow_request("cancel-me"))
             await asyncio.wait_for(plane.started.wait(), 30)
             call.cancel()
@@ -153,11 +158,7 @@ async def test_client_deadline_reaches_the_data_plane() -> None:
     server, port = await bind_grpc_server(plane, "127.0.0.1", 0)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            infer = channel.unary_unary(
-                "/inference.GRPCInferenceService/ModelInfer",
-                request_serializer=pb.ModelInferRequest.SerializeToString,
-                response_deserializer=pb.ModelInferResponse.FromString,
-            )
+            infer = _model_infer(channel)
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await infer(_slow_request("too-slow"), timeout=0.5)
             assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -172,11 +173,7 @@ async def test_a_data_plane_that_ignores_the_watcher_is_cancelled_after_the_grac
     server, port = await bind_grpc_server(plane, "127.0.0.1", 0, config=GrpcServerConfig(cancel_grace_s=0.05))
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            infer = channel.unary_unary(
-                "/inference.GRPCInferenceService/ModelInfer",
-                request_serializer=pb.ModelInferRequest.SerializeToString,
-                response_deserializer=pb.ModelInferResponse.FromString,
-            )
+            infer = _model_infer(channel)
             call = infer(_slow_request("stubborn"))
             await asyncio.wait_for(plane.started.wait(), 30)
             call.cancel()
@@ -204,11 +201,7 @@ async def test_a_drain_refusal_carries_the_draining_trailing_metadata() -> None:
     server, port = await bind_grpc_server(_DrainingPlane(), "127.0.0.1", 0)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            infer = channel.unary_unary(
-                "/inference.GRPCInferenceService/ModelInfer",
-                request_serializer=pb.ModelInferRequest.SerializeToString,
-                response_deserializer=pb.ModelInferResponse.FromString,
-            )
+            infer = _model_infer(channel)
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await infer(_slow_request("refused"), timeout=10)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "draining" in str(info.value.details())
