@@ -92,17 +92,19 @@ def test_abandoned_streams_leave_the_gauges_at_idle(llm_server: RunningServer) -
     without another request arriving (they used to keep their values until the next step)."""
 
     async def open_and_abandon() -> None:
+        readers = []  # each stream's line iterator, kept: a collected one would close its response early
         async with httpx.AsyncClient(base_url=llm_server.url, timeout=60) as client, AsyncExitStack() as streams:
             for i in range(16):
                 body = {"messages": [{"role": "user", "content": f"Tell story number {i}."}], "stream": True,
                         "max_tokens": 1000, "ignore_eos": True, "temperature": 0.7}
                 resp = await streams.enter_async_context(client.stream("POST", "/v1/chat/completions", json=body))
                 assert resp.status_code == 200
-                async for line in resp.aiter_lines():
+                readers.append(resp.aiter_lines())
+                async for line in readers[-1]:
                     if line.startswith("data: "):
                         break
-            running, _, kv = _gauges(llm_server)
-            assert running >= 1 and kv > 0
+            running, waiting, kv = _gauges(llm_server)
+            assert running + waiting == 16 and kv > 0  # all 16 generating when their clients go
         # leaving the stack closed every response before its end: 16 client disconnects
 
     asyncio.run(open_and_abandon())
