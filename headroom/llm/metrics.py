@@ -8,7 +8,9 @@ Naming: vLLM's metric names and meanings with the `vllm:` prefix replaced by `he
     headroom_llm_request_time_per_output_token_seconds histogram (e2e - TTFT) / (output tokens - 1) per request
     headroom_llm_e2e_request_latency_seconds          histogram  arrival -> finished
     headroom_llm_request_queue_time_seconds           histogram  arrival -> first scheduled
-    headroom_llm_num_requests_running                 gauge      sequences in the running batch
+    headroom_llm_num_requests_running                 gauge      sequences in the running batch (running, waiting
+                                                                 and KV usage: set after every step and every abort,
+                                                                 so a disconnect shows within one engine step)
     headroom_llm_num_requests_waiting                 gauge      sequences waiting (incl. preempted)
     headroom_llm_kv_cache_usage_perc                  gauge      fraction of KV blocks in use (0..1)
     headroom_llm_prefix_cache_queries_total           counter    prompt tokens looked up in the prefix cache
