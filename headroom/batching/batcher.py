@@ -12,7 +12,9 @@ A model whose preprocess only decodes (`cheap_preprocess = True`, e.g. minilm, w
 batch in collate) has it run inline on the event loop: a thread hop per request costs more than that work.
 
 The loop sleeps until a request arrives, a batch finishes, or the policy's `wake_at_s`. It is the only
-writer of the queue. Every admitted request's future is resolved exactly once. The load estimators
+writer of the queue. Every admitted request's future is resolved exactly once: if the loop itself dies (a
+bug, never a model error: those fail their batch only), everything queued fails with a 500, `alive` turns
+false and `on_fatal` is told, so that the server turns liveness red and exits. The load estimators
 (`headroom.batching.estimator`) are updated on the event loop only: arrivals in `submit`, batch service
 times when a batch's executor call returns.
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -77,7 +79,8 @@ class Batcher:
     """Dynamic batcher for one model version. Create inside a running loop; call `start()` then `submit()`."""
 
     def __init__(self, model: Model, config: BatcherConfig, clock: Clock,
-                 observer: BatcherObserver | None = None, name: str = "model") -> None:
+                 observer: BatcherObserver | None = None, name: str = "model",
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
         self._model = model
         self._cfg = config
         self._clock = clock
@@ -92,6 +95,8 @@ class Batcher:
         # A model whose preprocess only decodes (`cheap_preprocess = True`) runs it on the event loop.
         self._inline_preprocess = model.cheap_preprocess
         self._loop_task: asyncio.Task[None] | None = None
+        self._on_fatal = on_fatal  # told once if the loop dies
+        self._died: BaseException | None = None  # why the loop died
         self._batch_tasks: set[asyncio.Task[None]] = set()
         self._arrivals = ArrivalRateEstimator()
         self._service = ServiceTimeEstimator()
@@ -102,13 +107,32 @@ class Batcher:
     def start(self) -> None:
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._run(), name=f"batcher-{self._name}")
+            self._loop_task.add_done_callback(self._loop_ended)
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """The loop only ends by `stop()` (cancelled); anything else is a death: fail the queue, report."""
+        if task.cancelled() or task.exception() is None:
+            return
+        self._died = exc = task.exception()
+        for entry in self._queue:
+            if not entry.future.done():
+                entry.future.set_exception(HeadroomError(f"model '{self._name}' batcher failed: {exc}"))
+        self._queue.clear()
+        if self._on_fatal is not None and exc is not None:
+            self._on_fatal(exc)
+
+    @property
+    def alive(self) -> bool:
+        """False once the loop died (not started and stopped count as alive: nothing is wrong)."""
+        return self._died is None
 
     async def stop(self) -> None:
         """Cancel the loop, fail what is still queued with NotReady-like errors, release threads."""
         if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+            if self._died is None:  # a loop that died was already reported; its exception is not stop()'s
+                self._loop_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._loop_task
             self._loop_task = None
         for entry in self._queue:
             if not entry.future.done():
@@ -191,6 +215,8 @@ class Batcher:
         entry = Entry(item=item, inputs=model_inputs, parameters=parameters, future=loop.create_future(),
                       admitted_s=admitted_s, preprocess_s=preprocess_s)
         entry.future.add_done_callback(_consume_exception)
+        if self._died is not None:  # nothing would ever take it from the queue
+            raise HeadroomError(f"model '{self._name}' batcher failed: {self._died}")
         self._queue.append(entry)
         self._wakeup.set()
         try:

@@ -185,7 +185,10 @@ def serve(
             drift=DriftFeedConfig(sample_every=drift_sample_every,
                                   monitor=DriftConfig(threshold_psi=drift_threshold_psi)),
         )
-        uvloop.run(Server(config).run(on_ready=_banner))
+        server = Server(config)
+        uvloop.run(server.run(on_ready=_banner))
     except ValueError as exc:  # configuration problems: say what to fix, no traceback
         Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(code=2) from None
+    if server.exit_code:  # a background loop died (logged with its traceback): let a supervisor restart us
+        raise typer.Exit(code=server.exit_code)

@@ -8,7 +8,8 @@
     ├── Unsupported                    400 UNIMPLEMENTED     a protocol feature headroom does not offer
     ├── RateLimited                    429 RESOURCE_EXHAUSTED per-tenant / per-queue limit; has retry_after_s
     ├── Overloaded                     503 UNAVAILABLE       queue full / shedding; has retry_after_s
-    ├── NotReady                       503 UNAVAILABLE       model loading, draining or unloaded
+    ├── NotReady                       503 UNAVAILABLE       model loading or unloaded
+    │   └── Draining                   503 UNAVAILABLE       shutting down: also `x-headroom-draining: 1`
     ├── DeadlineExceeded               504 DEADLINE_EXCEEDED request timed out before or while executing
     └── Cancelled                      499 CANCELLED         the client went away (never sent to a client)
 
@@ -93,3 +94,13 @@ class Cancelled(HeadroomError):
     http_status = 499
     grpc_code = "CANCELLED"
     reason = "cancelled"
+
+
+class Draining(NotReady):
+    """The server stopped admitting (SIGTERM): transports add the header `x-headroom-draining: 1` (the router
+    retries such a request on another replica)."""
+
+    reason = "draining"
+
+
+DRAINING_HEADER = "x-headroom-draining"  # on every drain refusal, value "1"

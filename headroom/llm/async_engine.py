@@ -5,6 +5,10 @@ the admission verdict (InvalidRequest / RateLimited surface there), then yields 
 back with `call_soon_threadsafe`. Leaving the stream early (`aclose()`: client disconnect, deadline) sends an
 "abort" command, which frees the request's blocks before the next step; closing works also on a stream whose
 first `__anext__` was cancelled before it ever ran (`asyncio.wait_for` with a deadline already past).
+
+If the step loop dies (an exception that no single sequence owns, e.g. in the model's forward), every open
+stream ends with a 500, new requests get 503, `alive()` turns false and `on_fatal(exc)` is called from the
+engine thread (its owner hands it to the event loop: `headroom serve` then exits non-zero).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import contextlib
 import itertools
 import queue
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -48,13 +52,16 @@ class _Abort:
 class AsyncLLMEngine:
     """Owns an LLMEngine and the thread that steps it."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, on_fatal: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
+        self._on_fatal = on_fatal  # called from the engine thread if the loop dies
         self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[SequenceOutput | BaseException]]] = {}
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._error: BaseException | None = None
+        self._closed = False  # set by the engine thread as it exits: no command is taken after that
+        self._lock = threading.Lock()  # orders `_closed` against putting an "add" command
         self._ids = itertools.count()
 
     # --- lifecycle --------------------------------------------------------------------------------------
@@ -76,6 +83,10 @@ class AsyncLLMEngine:
     def healthy(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._error is None
 
+    def alive(self) -> bool:
+        """False once the step loop died (not started yet and stopped count as alive)."""
+        return self._error is None
+
     # --- the public API ---------------------------------------------------------------------------------
     def new_request_id(self, prefix: str = "req") -> str:
         return f"{prefix}-{next(self._ids)}"
@@ -94,8 +105,11 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         stream: asyncio.Queue[SequenceOutput | BaseException] = asyncio.Queue()
         admitted: asyncio.Future[None] = loop.create_future()
-        self._commands.put(_Add(request_id, tuple(prompt_token_ids), params, priority, cache_key, stream, admitted,
-                                loop))
+        with self._lock:
+            if self._closed:
+                raise NotReady(f"the LLM engine is not running ({self._error or 'stopped'})")
+            self._commands.put(_Add(request_id, tuple(prompt_token_ids), params, priority, cache_key, stream,
+                                    admitted, loop))
         try:
             await admitted
         except asyncio.CancelledError:
@@ -126,10 +140,11 @@ class AsyncLLMEngine:
         if target is None:
             return
         loop, stream = target
+        item: SequenceOutput | BaseException = out if out.error is None else out.error
         with contextlib.suppress(RuntimeError):  # the loop closed under us: nobody listens any more
-            loop.call_soon_threadsafe(stream.put_nowait, out)
-        if out.finished and not self.engine.has_request(out.parent_id):
-            self._streams.pop(out.parent_id, None)
+            loop.call_soon_threadsafe(stream.put_nowait, item)
+        if out.error is not None or (out.finished and not self.engine.has_request(out.parent_id)):
+            self._streams.pop(out.parent_id, None)  # a failed sequence ends its whole request
 
     def _run(self) -> None:
         if self.engine.config.num_threads > 0:  # OpenMP thread counts are per calling thread: set it here too
@@ -163,8 +178,28 @@ class AsyncLLMEngine:
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(stream.put_nowait, err)
             self._streams.clear()
-            for req_id in self.engine.request_ids():
-                self.engine.abort(req_id)
+            with self._lock:
+                self._closed = True
+            self._refuse_pending(err)
+            try:
+                for req_id in self.engine.request_ids():
+                    self.engine.abort(req_id)
+            except Exception as exc:  # the engine is broken beyond freeing its requests
+                self._error = self._error or exc
+            if self._error is not None and self._on_fatal is not None:
+                self._on_fatal(self._error)
+
+
+    def _refuse_pending(self, err: BaseException) -> None:
+        """Answer the "add" commands that arrived after the loop's last look (none hangs)."""
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(cmd, _Add):
+                with contextlib.suppress(RuntimeError):
+                    cmd.loop.call_soon_threadsafe(_set_exception, cmd.admitted, err)
 
 
 class _OutputStream:

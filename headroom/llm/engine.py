@@ -2,10 +2,16 @@
 
 Single-threaded by design: whoever owns an `LLMEngine` calls `add_request`, `abort` and `step` from one
 thread (the offline `LLM` from the caller's, `AsyncLLMEngine` from its worker thread).
+
+A failure that belongs to one sequence (a row that cannot be sampled, a detokenizer error) finishes that
+request alone: its output carries `finish_reason` ERROR and the `error`, its siblings are aborted, and the
+step goes on for every other sequence. Gauges (running, waiting, KV usage) are published after every step
+and every abort, so they are true while the engine idles.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,7 +20,7 @@ from typing import Protocol
 import torch
 
 from headroom.core.clock import Clock, MonotonicClock
-from headroom.core.errors import InvalidRequest, RateLimited
+from headroom.core.errors import HeadroomError, InvalidRequest, RateLimited
 from headroom.llm.config import EngineConfig
 from headroom.llm.kv_cache import KVCacheManager
 from headroom.llm.request import (
@@ -26,11 +32,13 @@ from headroom.llm.request import (
     TokenLogprob,
 )
 from headroom.llm.runner import BatchItem, ModelBatch, Runner
-from headroom.llm.sampler import sample
+from headroom.llm.sampler import SamplingError, sample
 from headroom.llm.scheduler import Scheduler, SchedulerLimits
 from headroom.llm.spec_decode import DraftProposer, verify_greedy
 from headroom.llm.stopping import check_stop
 from headroom.llm.tokenizer import IncrementalDetokenizer, Tokenizer
+
+log = logging.getLogger("headroom.llm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +66,8 @@ class EngineObserver(Protocol):
     def on_token(self, req: Request, now_s: float, first: bool) -> None: ...
 
     def on_finish(self, req: Request, now_s: float) -> None: ...
+
+    def on_gauges(self, num_running: int, num_waiting: int, kv_cache_usage: float) -> None: ...
 
 
 class LLMEngine:
@@ -180,7 +190,14 @@ class LLMEngine:
             if self.observer is not None:
                 self.observer.on_finish(req, now)
             outs.append(self._output(req, 0, "", now))
+        self.publish_gauges()
         return outs
+
+    def publish_gauges(self) -> None:
+        """Hand the observer the current running / waiting counts and KV usage (after aborts, at idle)."""
+        if self.observer is not None:
+            sched = self.scheduler
+            self.observer.on_gauges(len(sched.running), len(sched.waiting), self.kv.stats().usage)
 
     @property
     def has_unfinished(self) -> bool:
@@ -227,6 +244,7 @@ class LLMEngine:
         # rows per sampling item: 1 + its drafts; plain items are sampled together, speculative ones verified
         plain: list[tuple[int, Request]] = []
         emitted: dict[str, tuple[list[int], list[TokenLogprob | None]]] = {}
+        failed: dict[str, tuple[Request, HeadroomError]] = {}
         drafted = accepted = 0
         row = 0
         for s in decision.seqs:
@@ -234,8 +252,11 @@ class LLMEngine:
             req.num_computed_tokens = s.start_position + s.num_tokens
             if not s.samples:
                 continue
-            if s.draft_token_ids:
-                toks, n_ok = verify_greedy(logits[row : row + 1 + len(s.draft_token_ids)], s.draft_token_ids)
+            rows = logits[row : row + 1 + len(s.draft_token_ids)]
+            if s.draft_token_ids and not bool(torch.isfinite(rows.max(-1).values).all()):
+                failed[req.request_id] = (req, SamplingError("the model produced non-finite logits for this sequence"))
+            elif s.draft_token_ids:
+                toks, n_ok = verify_greedy(rows, s.draft_token_ids)
                 req.num_computed_tokens += n_ok
                 drafted += len(s.draft_token_ids)
                 accepted += n_ok
@@ -245,38 +266,35 @@ class LLMEngine:
             row += 1 + len(s.draft_token_ids)
         if plain:
             picks = sample(logits[[r for r, _ in plain]], [req for _, req in plain])
-            for (_, req), (token, lp) in zip(plain, picks, strict=True):
-                emitted[req.request_id] = ([token], [lp])
+            for (_, req), pick in zip(plain, picks, strict=True):
+                if isinstance(pick, HeadroomError):
+                    failed[req.request_id] = (req, pick)
+                else:
+                    emitted[req.request_id] = ([pick[0]], [pick[1]])
         outs: list[SequenceOutput] = []
         prompt_tokens = generated = 0
         for s in decision.seqs:
             req = reqs[s.request_id]
+            if req.request_id in failed:
+                continue
             if req.request_id not in emitted:
                 self.kv.cache_full_blocks(req.request_id, req.token_ids, req.num_computed_tokens, req.cache_key)
                 continue
-            delta = ""
-            n_new = 0
-            for token, lp in zip(*emitted[req.request_id], strict=True):
-                first = req.num_output_tokens == 0
-                prompt_tokens += req.num_prompt_tokens if first else 0
-                req.token_ids.append(token)
-                n_new += 1
-                if lp is not None:
-                    req.logprobs.append(lp)
-                if first:
-                    req.first_token_s = now
-                if self.observer is not None:
-                    self.observer.on_token(req, now, first)
-                req.last_token_s = now
-                delta += check_stop(req, token, self.eos_token_id, self.max_model_len)
-                if req.finished:
-                    break
+            try:
+                n_new, delta = self._append(req, emitted[req.request_id], now)
+            except Exception as exc:  # a detokenizer / stop-check failure: this sequence alone
+                log.exception("sequence %s failed after its step", req.request_id)
+                failed[req.request_id] = (req, HeadroomError(f"generating this request failed: {exc}"))
+                continue
             generated += n_new
+            prompt_tokens += req.num_prompt_tokens if req.num_output_tokens == n_new else 0
             computed = min(req.num_computed_tokens, len(req.token_ids))
             self.kv.cache_full_blocks(req.request_id, req.token_ids, computed, req.cache_key)
             if req.finished:
                 self._retire(req, now)
             outs.append(self._output(req, n_new, delta, now))
+        for req, err in failed.values():
+            outs.extend(self._fail(req, err, now))
         self.spec_draft_tokens += drafted
         self.spec_accepted_tokens += accepted
         if self.observer is not None:
@@ -298,6 +316,35 @@ class LLMEngine:
             )
         return outs
 
+    def _append(self, req: Request, emitted: tuple[list[int], list[TokenLogprob | None]],
+                now: float) -> tuple[int, str]:
+        """Append a sequence's new tokens up to a stop condition; (tokens appended, new text)."""
+        delta = ""
+        n_new = 0
+        for token, lp in zip(*emitted, strict=True):
+            first = req.num_output_tokens == 0
+            req.token_ids.append(token)
+            n_new += 1
+            if lp is not None:
+                req.logprobs.append(lp)
+            if first:
+                req.first_token_s = now
+            if self.observer is not None:
+                self.observer.on_token(req, now, first)
+            req.last_token_s = now
+            delta += check_stop(req, token, self.eos_token_id, self.max_model_len)
+            if req.finished:
+                break
+        return n_new, delta
+
+    def _fail(self, req: Request, err: HeadroomError, now: float) -> list[SequenceOutput]:
+        """Finish a failed sequence with its error (first), then abort its siblings."""
+        if req.finished:
+            return []  # a sibling failed first and aborted it
+        req.finish_reason = FinishReason.ERROR
+        self._retire(req, now)
+        return [self._output(req, 0, "", now, err), *self.abort(req.parent_id)]
+
     def _retire(self, req: Request, now: float) -> None:
         self.scheduler.finish(req)
         self._host_kv.pop(req.request_id, None)
@@ -309,7 +356,8 @@ class LLMEngine:
             if not kids:
                 del self._children[req.parent_id]
 
-    def _output(self, req: Request, num_new: int, delta: str, now: float) -> SequenceOutput:
+    def _output(self, req: Request, num_new: int, delta: str, now: float,
+                error: HeadroomError | None = None) -> SequenceOutput:
         out_ids = req.output_token_ids
         return SequenceOutput(
             request_id=req.request_id,
@@ -333,4 +381,5 @@ class LLMEngine:
                 last_token_s=req.last_token_s,
                 finished_s=now if req.finished else None,
             ),
+            error=error,
         )

@@ -12,11 +12,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from headroom.core.lifecycle import ServingLifecycle
 from headroom.llm.async_engine import AsyncLLMEngine
 from headroom.llm.config import EngineConfig
 from headroom.llm.metrics import LLMMetrics
@@ -29,7 +31,8 @@ from headroom.models.config import ModelConfig
 class LLMService:
     """Loads the model off the event loop, runs the engine, serves OpenAI requests."""
 
-    def __init__(self, config: ModelConfig, registry: CollectorRegistry) -> None:
+    def __init__(self, config: ModelConfig, registry: CollectorRegistry,
+                 lifecycle: ServingLifecycle | None = None) -> None:
         if config.backend != "llm":
             raise ValueError(f"model {config.name!r}: build_llm_service needs backend: llm, not {config.backend!r}")
         params = dict(config.parameters)
@@ -40,7 +43,9 @@ class LLMService:
         self.warmup_tokens = int(params.get("warmup_tokens", 2))
         self.name = str(params.get("served_model_name") or config.name)
         self.metrics = LLMMetrics(registry, self.name)
-        self.serving = OpenAIServing(self.name, max_model_len=self.engine_config.max_model_len)
+        self.lifecycle = lifecycle or ServingLifecycle()  # admission, drain and health shared with tensor models
+        self.serving = OpenAIServing(self.name, max_model_len=self.engine_config.max_model_len,
+                                     lifecycle=self.lifecycle)
         self.engine: AsyncLLMEngine | None = None
         self.load_report: LoadReport | None = None
         self.cold_start_s: dict[str, float] = {}
@@ -54,7 +59,13 @@ class LLMService:
         self.load_report = report
         if engine.tokenizer is None:
             raise ValueError(f"{self.model_spec}: no tokenizer found; the OpenAI API needs one")
-        self.engine = AsyncLLMEngine(engine)
+        loop = asyncio.get_running_loop()
+
+        def on_fatal(exc: BaseException) -> None:  # from the engine thread: to the loop
+            with contextlib.suppress(RuntimeError):  # the loop already closed: the process is going anyway
+                loop.call_soon_threadsafe(self.lifecycle.report_fatal, f"the LLM engine of '{self.name}'", exc)
+
+        self.engine = AsyncLLMEngine(engine, on_fatal)
         self.engine.start()
         stages = dict(report.stages_s)
         if self.warmup_tokens > 0:
@@ -77,7 +88,12 @@ class LLMService:
     def ready(self) -> bool:
         return self.engine is not None and self.engine.healthy and self.serving.engine is not None
 
+    def alive(self) -> bool:
+        """False once the engine's step loop died."""
+        return self.engine is None or self.engine.alive()
 
-def build_llm_service(config: ModelConfig, registry: CollectorRegistry) -> LLMService:
-    """The server's entry point for `backend: llm` models."""
-    return LLMService(config, registry)
+
+def build_llm_service(config: ModelConfig, registry: CollectorRegistry,
+                      lifecycle: ServingLifecycle | None = None) -> LLMService:
+    """The server's entry point for `backend: llm` models; `lifecycle` is the server's (shared with tensor models)."""
+    return LLMService(config, registry, lifecycle)

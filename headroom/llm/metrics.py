@@ -8,7 +8,9 @@ Naming: vLLM's metric names and meanings with the `vllm:` prefix replaced by `he
     headroom_llm_request_time_per_output_token_seconds histogram (e2e - TTFT) / (output tokens - 1) per request
     headroom_llm_e2e_request_latency_seconds          histogram  arrival -> finished
     headroom_llm_request_queue_time_seconds           histogram  arrival -> first scheduled
-    headroom_llm_num_requests_running                 gauge      sequences in the running batch
+    headroom_llm_num_requests_running                 gauge      sequences in the running batch (running, waiting
+                                                                 and KV usage: set after every step and every abort,
+                                                                 so a disconnect shows within one engine step)
     headroom_llm_num_requests_waiting                 gauge      sequences waiting (incl. preempted)
     headroom_llm_kv_cache_usage_perc                  gauge      fraction of KV blocks in use (0..1)
     headroom_llm_prefix_cache_queries_total           counter    prompt tokens looked up in the prefix cache
@@ -78,11 +80,16 @@ class LLMMetrics:
         for g in (self.running, self.waiting, self.kv_usage):
             g.labels(model_name).set(0)
 
+    def on_gauges(self, num_running: int, num_waiting: int, kv_cache_usage: float) -> None:
+        """The engine's state now: after every step, abort and disconnect (never stale while idle)."""
+        m = self._model
+        self.running.labels(m).set(num_running)
+        self.waiting.labels(m).set(num_waiting)
+        self.kv_usage.labels(m).set(kv_cache_usage)
+
     def on_step(self, stats: StepStats) -> None:
         m = self._model
-        self.running.labels(m).set(stats.num_running)
-        self.waiting.labels(m).set(stats.num_waiting)
-        self.kv_usage.labels(m).set(stats.kv_cache_usage)
+        self.on_gauges(stats.num_running, stats.num_waiting, stats.kv_cache_usage)
         self.prefix_queries.labels(m).inc(stats.prefix_queries_tokens)
         self.prefix_hits.labels(m).inc(stats.prefix_hits_tokens)
         self.preemptions.labels(m).inc(stats.num_preempted)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from headroom.core.errors import HeadroomError
+from headroom.core.errors import DRAINING_HEADER, Draining, HeadroomError
 
 
 class BaseRequest(BaseModel):
@@ -102,7 +102,10 @@ def from_exception(exc: Exception) -> ServingResponse:
         param = ".".join(str(p) for p in err["loc"]) or None
         return error_response(400, f"{param}: {err['msg']}" if param else err["msg"], param)
     if isinstance(exc, HeadroomError):
-        return error_response(exc.http_status, exc.message, retry_after_s=exc.retry_after_s)
+        resp = error_response(exc.http_status, exc.message, retry_after_s=exc.retry_after_s)
+        if isinstance(exc, Draining):
+            return ServingResponse(resp.status, resp.body, headers={**resp.headers, DRAINING_HEADER: "1"})
+        return resp
     return error_response(500, f"internal error: {exc}")
 
 

@@ -63,6 +63,7 @@ class FinishReason(enum.Enum):
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or the context limit
     ABORT = "abort"  # the client went away or the request was cancelled
+    ERROR = "error"  # a failure of this sequence alone (non-finite logits, a detokenizer error): see `error`
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +204,7 @@ class SequenceOutput:
     first_token_s: float | None  # engine-clock time of the first token
     finished_s: float | None  # engine-clock time it finished
     timeline: RequestTimeline | None = None  # every stage's timestamps (complete on the final output)
+    error: Exception | None = None  # why it failed (finish_reason ERROR): a HeadroomError with its status
 
     @property
     def finished(self) -> bool:

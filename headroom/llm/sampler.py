@@ -1,5 +1,11 @@
-"""Token selection from logits: penalties, temperature, top-k, top-p, min-p, seeded sampling, logprobs."""
+"""Token selection from logits: penalties, temperature, top-k, top-p, min-p, seeded sampling, logprobs.
 
+Sampling is robust per row: a row whose logits or probabilities are not finite gets an error in its place
+(400 InvalidRequest or 500 SamplingError; the engine finishes that sequence with it), never an exception
+that would fail the whole batch. The check costs O(1) per row on the greedy path (the row's max is NaN or
++inf when there is one, and `max` returns it with the index, in the pass argmax makes anyway) and one sum
+over the row's probabilities when sampling.
+"""
 from __future__ import annotations
 
 from collections import Counter
@@ -7,7 +13,14 @@ from collections.abc import Sequence
 
 import torch
 
+from headroom.core.errors import HeadroomError, InvalidRequest
 from headroom.llm.request import Request, SamplingParams, TokenLogprob
+
+Pick = tuple[int, TokenLogprob | None]  # (token id, its logprob when asked)
+
+
+class SamplingError(HeadroomError):
+    """A row that could not be sampled because its model output was not finite (500, this request only)."""
 
 
 def apply_penalties(
@@ -53,9 +66,14 @@ def _logprob(raw: torch.Tensor, token: int, k: int) -> TokenLogprob:
     return TokenLogprob(token_id=token, logprob=float(lp[token]), top=top)
 
 
-def sample(logits: torch.Tensor, reqs: Sequence[Request]) -> list[tuple[int, TokenLogprob | None]]:
-    """One token per row; row i belongs to `reqs[i]`. Each request's own generator makes seeds reproducible."""
-    out: list[tuple[int, TokenLogprob | None]] = []
+def sample(logits: torch.Tensor, reqs: Sequence[Request]) -> list[Pick | HeadroomError]:
+    """One token per row; row i belongs to `reqs[i]`. Each request's own generator makes seeds reproducible.
+
+    A row that cannot be sampled yields an error instead of a pick: InvalidRequest (400) when the model's
+    logits were finite and the request's sampling parameters made them not (e.g. repetition_penalty
+    1e-300), SamplingError (500) when the model's own logits were not finite.
+    """
+    out: list[Pick | HeadroomError] = []
     plain_greedy = all(
         r.params.greedy
         and r.params.repetition_penalty == 1.0
@@ -63,19 +81,55 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request]) -> list[tuple[int, Tok
         and not r.params.frequency_penalty
         for r in reqs
     )
-    argmax = logits.argmax(-1).tolist() if plain_greedy else []
+    argmax: list[int] = []
+    picked_ok: list[bool] = []
+    if plain_greedy:
+        best_values, best = logits.max(-1)  # one pass, as argmax; NaN propagates into the value
+        argmax = best.tolist()
+        picked_ok = torch.isfinite(best_values).tolist()
     for i, req in enumerate(reqs):
         p = req.params
         raw = logits[i]
         if plain_greedy:
+            if not picked_ok[i]:
+                out.append(_row_error(raw, req))
+                continue
             token = int(argmax[i])
         else:
-            row = apply_penalties(raw.clone(), p, req.token_ids, req.num_prompt_tokens)
-            if p.greedy:
-                token = int(row.argmax())
-            else:
-                probs = filter_logits(row, p).softmax(-1)
-                token = int(torch.multinomial(probs, 1, generator=req.generator).item())
+            try:
+                picked = _pick(raw, req)
+            except RuntimeError:  # torch refused the distribution (multinomial on an invalid one)
+                picked = None
+            if picked is None:
+                out.append(_row_error(raw, req))
+                continue
+            token = picked
         lp = _logprob(raw, token, p.logprobs) if p.logprobs is not None else None
         out.append((token, lp))
     return out
+
+
+def _pick(raw: torch.Tensor, req: Request) -> int | None:
+    """Penalties, then argmax or filtered sampling; None when the row's distribution is not finite."""
+    p = req.params
+    row = apply_penalties(raw.clone(), p, req.token_ids, req.num_prompt_tokens)
+    if p.greedy:
+        token = int(row.argmax())
+        return token if bool(torch.isfinite(row[token])) else None
+    probs = filter_logits(row, p).softmax(-1)
+    if not bool(torch.isfinite(probs.sum())):  # NaN or inf anywhere propagates into the sum
+        return None
+    return int(torch.multinomial(probs, 1, generator=req.generator).item())
+
+
+def _row_error(raw: torch.Tensor, req: Request) -> HeadroomError:
+    """Whose fault a non-finite row is: the model's (500) or the request's sampling parameters (400)."""
+    if not bool(torch.isfinite(raw.max())):  # NaN or +inf in the model's output, or every logit -inf
+        return SamplingError("the model produced non-finite logits for this sequence; it was stopped")
+    p = req.params
+    return InvalidRequest(
+        "the sampling parameters made the token distribution non-finite (repetition_penalty="
+        f"{p.repetition_penalty}, presence_penalty={p.presence_penalty}, frequency_penalty={p.frequency_penalty}, "
+        f"temperature={p.temperature}, top_p={p.top_p}, top_k={p.top_k}, min_p={p.min_p}); use values in the "
+        "documented ranges"
+    )

@@ -19,6 +19,7 @@ gateway's authenticated tenant, passed by the transport) with the same `cache_sa
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -27,7 +28,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from headroom.core.errors import DeadlineExceeded, HeadroomError, InvalidRequest, ModelNotFound, NotReady
+from headroom.core.lifecycle import ServingLifecycle
 from headroom.gateway.usage import LLMUsage
+from headroom.llm.admission import admitted
 from headroom.llm.async_engine import AsyncLLMEngine
 from headroom.llm.openai_protocol import (
     BaseRequest,
@@ -41,13 +44,16 @@ from headroom.llm.request import FinishReason, SamplingParams, SequenceOutput, T
 from headroom.llm.tokenizer import Tokenizer
 
 UsageCallback = Callable[[LLMUsage], None]
+log = logging.getLogger("headroom.llm")
 
 
 class OpenAIServing:
     """Chat completions, completions and the model card for one served LLM."""
 
-    def __init__(self, model_name: str, tokenizer: Tokenizer | None = None, max_model_len: int = 0) -> None:
+    def __init__(self, model_name: str, tokenizer: Tokenizer | None = None, max_model_len: int = 0,
+                 lifecycle: ServingLifecycle | None = None) -> None:
         self.model_name = model_name
+        self.lifecycle = lifecycle or ServingLifecycle()  # the server's: admission, drain, in-flight count
         self.engine: AsyncLLMEngine | None = None  # attached once the model is loaded
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -68,6 +74,7 @@ class OpenAIServing:
         return [card]
 
     # --- entry points -----------------------------------------------------------------------------------
+    @admitted
     async def create_chat_completion(
         self, body: Any, on_usage: UsageCallback | None = None, tenant: str = ""
     ) -> ServingResponse:
@@ -86,7 +93,11 @@ class OpenAIServing:
             return await self._run("chat", req, prompt_ids, params, tally, tenant)
         except (ValidationError, HeadroomError) as exc:
             return from_exception(exc)
+        except Exception as exc:  # e.g. the tokenizer or chat template failed on this input: 500, this one only
+            log.exception("request to %s failed", self.model_name)
+            return from_exception(exc)
 
+    @admitted
     async def create_completion(
         self, body: Any, on_usage: UsageCallback | None = None, tenant: str = ""
     ) -> ServingResponse:
@@ -112,6 +123,9 @@ class OpenAIServing:
             tally = _Tally(started_s, len(prompt_ids), on_usage)
             return await self._run("text", req, prompt_ids, params, tally, tenant)
         except (ValidationError, HeadroomError) as exc:
+            return from_exception(exc)
+        except Exception as exc:  # e.g. the tokenizer or chat template failed on this input: 500, this one only
+            log.exception("request to %s failed", self.model_name)
             return from_exception(exc)
 
     # --- internals --------------------------------------------------------------------------------------
@@ -275,9 +289,10 @@ class OpenAIServing:
         except HeadroomError as exc:
             failed = not isinstance(exc, DeadlineExceeded)
             yield sse(from_exception(exc).body or {})
-        except Exception:
+        except Exception as exc:  # e.g. decoding a logprob's token failed: end this stream with an error event
+            log.exception("stream %s failed", rid)
             failed = True
-            raise
+            yield sse(from_exception(exc).body or {})
         finally:  # also when the client left (the response closes this generator) or the task was cancelled
             tally.report(failed)
         yield "data: [DONE]\n\n"

@@ -29,7 +29,7 @@ import grpc
 from google.protobuf import message_factory
 
 from headroom.core.dataplane import InferenceDataPlane
-from headroom.core.errors import HeadroomError
+from headroom.core.errors import DRAINING_HEADER, Draining, HeadroomError
 from headroom.core.types import InferenceRequest, InferenceResponse
 from headroom.models.config import ModelConfig
 from headroom.protocol.generated import headroom_inference_pb2 as pb
@@ -178,6 +178,8 @@ def _guarded(name: str, method: Handler) -> Handler:
             return await method(request, context)
         except HeadroomError as exc:
             code, message = grpc.StatusCode[exc.grpc_code], exc.message
+            if isinstance(exc, Draining):  # as the HTTP header: the router retries it on another replica
+                context.set_trailing_metadata(((DRAINING_HEADER, "1"),))
         except asyncio.CancelledError:
             raise
         except Exception as exc:

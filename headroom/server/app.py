@@ -7,8 +7,12 @@
                                └► `backend: llm` entries ─► headroom.llm service ─► OpenAI routes
 
 HTTP and gRPC come up first (liveness answers while models load; readiness is 503 until every model is
-loaded and warmed). SIGTERM/SIGINT: report not-ready at once, let in-flight requests finish (bounded by
-`drain_timeout_s`), then stop the transports and the batchers.
+loaded and warmed). Tensor and LLM requests share one `ServingLifecycle` (headroom.core.lifecycle):
+SIGTERM/SIGINT stops admitting both (503 + `x-headroom-draining: 1`), reports not-ready at once, lets
+in-flight requests and streams finish (bounded by `drain_timeout_s`), then stops the transports, the
+engines and the batchers, and `run()` returns with `exit_code` 0. If a background loop dies (an LLM engine's
+step loop, a batcher's loop), liveness turns false, the other models drain the same way, and `exit_code`
+is 1, so that a supervisor restarts the process.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from starlette.routing import BaseRoute
 
 from headroom.core.clock import MonotonicClock
 from headroom.core.errors import ModelNotFound
+from headroom.core.lifecycle import ServingLifecycle
 from headroom.dashboard.routes import dashboard_routes
 from headroom.gateway.app import GatewaySetup, wrap_app
 from headroom.gateway.grpc_auth import GatewayInterceptor
@@ -96,7 +101,9 @@ class Server:
         self.metrics = ServerMetrics(self.registry)
         self.clock = MonotonicClock()
         store = PredictionStore(config.precomputed) if config.precomputed is not None else None
-        self.dataplane = DataPlane(self.metrics, self.clock, precomputed=store)
+        self.lifecycle = ServingLifecycle()  # admission, drain and health of every request, tensor and LLM
+        self.lifecycle.on_fatal(self._on_fatal)
+        self.dataplane = DataPlane(self.metrics, self.clock, precomputed=store, lifecycle=self.lifecycle)
         self.drift = DriftFeed(config.drift, self.registry)
         self.registry.register(CascadeCollector(self._served_models))
         self.gc_monitor = GcMonitor(self.registry)
@@ -109,6 +116,7 @@ class Server:
         self.http_port: int = config.http_port
         self.grpc_port: int = config.grpc_port
         self.load_error: BaseException | None = None
+        self.exit_code = 0  # 1 once a background loop died: the process must be restarted
 
     # -- wiring ------------------------------------------------------------------------------------------
     def _llm_routes(self, index_llm: tuple[Any, ...]) -> tuple[list[BaseRoute], list[object]]:
@@ -122,9 +130,10 @@ class Server:
         cards: list[object] = []
         servings = {}
         for entry in index_llm:
-            service = build_llm_service(entry.config, self.registry)
+            service = build_llm_service(entry.config, self.registry, self.lifecycle)
             self._llm_services.append(service)
-            self.dataplane.add_readiness_check(service)
+            self.lifecycle.add_readiness_check(service)
+            self.lifecycle.add_liveness_check(service)
             self.dataplane.generative.add(entry.config, service)
             routes.extend(openai_routes(service.serving))
             cards.extend(service.serving.model_cards())
@@ -149,7 +158,7 @@ class Server:
             residency = manager.enable_budget(index, ResidencyConfig(self.config.model_memory_budget_bytes),
                                               self.clock, self.registry)
             expected = sorted(residency.pinned)  # always resident; the rest of the initial set: ready() below
-            self.dataplane.add_readiness_check(residency)
+            self.lifecycle.add_readiness_check(residency)
         self.dataplane.attach_lifecycle(manager.residency, self.drift)
         self.dataplane.expect(expected)
         llm_routes, cards = self._llm_routes(index.llm_models)
@@ -232,13 +241,18 @@ class Server:
 
     def stop(self) -> None:
         """Begin a graceful shutdown (safe to call from a signal handler)."""
-        self.dataplane.start_draining()
+        self.lifecycle.start_draining()
         self._stop.set()
 
+    def _on_fatal(self, component: str, exc: BaseException) -> None:
+        """A background loop died (the lifecycle logged its traceback): drain the rest and exit non-zero."""
+        self.exit_code = 1
+        self.stop()
+
     async def _shutdown(self, http_task: asyncio.Task[None]) -> None:
-        deadline = self.clock.now_s() + self.config.drain_timeout_s
-        while self.dataplane.inflight > 0 and self.clock.now_s() < deadline:
-            await asyncio.sleep(0.02)
+        if not await self.lifecycle.wait_idle(self.config.drain_timeout_s):
+            log.warning("drain timeout: %d requests still in flight after %.1f s", self.lifecycle.inflight,
+                        self.config.drain_timeout_s)
         for task in (self._load_task, self._poll_task):
             if task is not None:
                 task.cancel()

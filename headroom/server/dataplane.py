@@ -22,7 +22,8 @@ from headroom.batching.batcher import Batcher, BatcherConfig
 from headroom.batching.queue import BatchResult
 from headroom.core.clock import Clock
 from headroom.core.dataplane import DisconnectWatcher, ModelMetadata, ServerMetadata, TensorMetadata
-from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound, NotReady
+from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound
+from headroom.core.lifecycle import ServingLifecycle
 from headroom.core.types import InferenceRequest, InferenceResponse, StageTimings, Tensor, v2_datatype
 from headroom.lifecycle.drift_feed import DriftFeed
 from headroom.lifecycle.offline import PredictionLookup, PredictionStore
@@ -62,16 +63,16 @@ class _Slot:
 class DataPlane:
     """Implements headroom.core.dataplane.InferenceDataPlane for tensor models."""
 
-    def __init__(self, metrics: ServerMetrics, clock: Clock, extra_ready: Sequence[object] = (),
-                 precomputed: PredictionStore | None = None) -> None:
+    def __init__(self, metrics: ServerMetrics, clock: Clock, precomputed: PredictionStore | None = None,
+                 lifecycle: ServingLifecycle | None = None) -> None:
         self._metrics = metrics
         self._precomputed = precomputed
         self._clock = clock
         self._slots: dict[str, dict[str, _Slot]] = {}
         self._expected: set[str] = set()
-        self._draining = False
-        self._extra_ready = list(extra_ready)
-        self._inflight = 0
+        # admission/drain/health shared with the LLM routes; this plane's batchers are among its liveness checks
+        self.lifecycle = lifecycle or ServingLifecycle()
+        self.lifecycle.add_liveness_check(self)
         self._residency: Residency | None = None  # on-demand loading under a memory budget (lifecycle)
         self._drift: DriftFeed | None = None  # input-drift monitors fed with served inputs (lifecycle)
         self.generative = GenerativeModels()  # LLMs: metadata, readiness and config on the V2 routes
@@ -106,6 +107,7 @@ class DataPlane:
             self._clock,
             observer,
             name=served.name,
+            on_fatal=lambda exc: self.lifecycle.report_fatal(f"the batcher of model '{served.name}'", exc),
         )
         batcher.start()
         lookup = None
@@ -141,17 +143,10 @@ class DataPlane:
     def loaded_versions(self, name: str) -> list[str]:
         return sorted(self._slots.get(name, {}), key=_version_key)
 
-    def add_readiness_check(self, check: object) -> None:
-        """Another component (e.g. the LLM engine) whose `ready()` gates server readiness."""
-        self._extra_ready.append(check)
-
     @property
     def inflight(self) -> int:
-        """Inference requests currently inside the data plane."""
-        return self._inflight
-
-    def start_draining(self) -> None:
-        self._draining = True
+        """Requests in flight, tensor and LLM alike (the shared lifecycle counts them)."""
+        return self.lifecycle.inflight
 
     async def stop(self) -> None:
         for versions in self._slots.values():
@@ -159,13 +154,15 @@ class DataPlane:
                 await slot.batcher.stop()
 
     # -- health and metadata -------------------------------------------------------------------------------
+    def alive(self) -> bool:
+        """Every batcher's loop is running (a LivenessCheck of the lifecycle)."""
+        return all(slot.batcher.alive for versions in self._slots.values() for slot in versions.values())
+
     def live(self) -> bool:
-        return True
+        return self.lifecycle.live()
 
     def ready(self) -> bool:
-        if self._draining or not self._expected <= set(self._slots):
-            return False
-        return all(bool(getattr(c, "ready")()) for c in self._extra_ready)  # noqa: B009
+        return self._expected <= set(self._slots) and self.lifecycle.ready()
 
     def model_names(self) -> list[str]:
         return sorted(self._slots)
@@ -254,11 +251,12 @@ class DataPlane:
 
     def model_ready(self, name: str, version: str = "") -> bool:
         if name in self.generative and name not in self._slots:
-            return bool(self.generative.config(name, version) and not self._draining and self.generative.ready(name))
+            config, draining = self.generative.config(name, version), self.lifecycle.draining
+            return bool(config and not draining and self.generative.ready(name))
         if self._residency is not None and self._residency.not_resident_config(name) is not None:
             return False  # known, loads on the next request
         self._slot(name, version)
-        return not self._draining
+        return not self.lifecycle.draining
 
     def model_stats(self, name: str = "", version: str = "") -> list[dict[str, object]]:
         """Per-version statistics in Triton's schema (server/statistics.py), + queue_depth and cold_start."""
@@ -276,17 +274,17 @@ class DataPlane:
     async def infer(self, request: InferenceRequest,
                     disconnected: DisconnectWatcher | None = None) -> InferenceResponse:
         start_s = self._clock.now_s()
-        self._metrics.inflight.inc()
-        self._inflight += 1
         name, version = request.model_name, request.model_version or "?"
         slot: _Slot | None = None
+        admitted = False
         try:
+            self.lifecycle.admit(name)  # Draining (503 + x-headroom-draining) once SIGTERM arrived
+            admitted = True
+            self._metrics.inflight.inc()
             async with self._hold(name):
                 swap_wait_s = self._clock.now_s() - start_s  # an on-demand load does not use up the timeout
                 slot = self._slot(request.model_name, request.model_version)
                 version = slot.served.version
-                if self._draining:
-                    raise NotReady("the server is draining; send new requests elsewhere", retry_after_s=1.0)
                 response = await self._infer(slot, request, start_s, disconnected, swap_wait_s)
         except HeadroomError as exc:
             if slot is not None:
@@ -297,8 +295,9 @@ class DataPlane:
             self._log(request, version, exc.http_status, start_s, exc.reason)
             raise
         finally:
-            self._metrics.inflight.dec()
-            self._inflight -= 1
+            if admitted:
+                self._metrics.inflight.dec()
+                self.lifecycle.release()
         slot.observer.stats.on_success(response.timings, response.batch_size, time.time_ns() // 1_000_000)
         self._metrics.observe_request(name, version, "success", response.timings)
         self._log(request, version, 200, start_s, "ok")

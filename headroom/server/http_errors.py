@@ -9,13 +9,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from headroom.core.errors import HeadroomError
+from headroom.core.errors import DRAINING_HEADER, Draining, HeadroomError
 
 
 def error_response(exc: HeadroomError) -> Response:
     headers = {}
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    if isinstance(exc, Draining):
+        headers[DRAINING_HEADER] = "1"
     return Response(orjson.dumps(exc.to_json()), status_code=exc.http_status, headers=headers,
                     media_type="application/json")
 

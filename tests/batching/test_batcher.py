@@ -243,3 +243,28 @@ async def test_admission_by_predicted_delay_starts_from_the_warm_estimate() -> N
     finally:
         await b.stop()
     assert all(99.0 not in batch for batch in model.batches)
+
+
+async def test_a_loop_that_dies_fails_its_queue_refuses_new_work_and_reports_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from headroom.batching import batcher as batcher_module
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("policy bug")
+
+    monkeypatch.setattr(batcher_module, "decide", broken)
+    died: list[BaseException] = []
+    cfg = BatchPolicyConfig(max_batch_size=8, max_queue_delay_s=0.05)
+    b = Batcher(Doubler(), BatcherConfig(policy=cfg), MonotonicClock(), name="doubler", on_fatal=died.append)
+    b.start()
+    try:
+        assert b.alive
+        with pytest.raises(HeadroomError, match="batcher failed: policy bug"):
+            await asyncio.wait_for(submit(b, 1.0), 5)  # queued when the loop died: failed, not left hanging
+        assert not b.alive and [str(e) for e in died] == ["policy bug"]
+        with pytest.raises(HeadroomError, match="batcher failed"):
+            await asyncio.wait_for(submit(b, 2.0), 5)  # nothing would take it from the queue: refused
+        assert len(died) == 1
+    finally:
+        await b.stop()

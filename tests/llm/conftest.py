@@ -199,3 +199,34 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+async def tiny_serving_factory(tiny_chat_parts: Any) -> Any:
+    """`await make(**engine_overrides)`: `OpenAIServing` over a started engine of the tiny chat decoder (its
+    own ServingLifecycle); after the test the engines are stopped and every KV block must be free."""
+    from headroom.llm.async_engine import AsyncLLMEngine
+    from headroom.llm.serving import OpenAIServing
+
+    started: list[tuple[LLMEngine, AsyncLLMEngine]] = []
+
+    async def make(**overrides: Any) -> OpenAIServing:
+        cfg, state, tok = tiny_chat_parts
+        engine = build_engine(cfg, state, EngineConfig(**{"kv_cache_memory_mb": 2, **overrides}), tok)
+        aengine = AsyncLLMEngine(engine)
+        aengine.start()
+        started.append((engine, aengine))
+        serving = OpenAIServing("tiny")
+        serving.attach(aengine, tok, engine.max_model_len)
+        return serving
+
+    yield make
+    for engine, aengine in started:
+        await aengine.stop()
+        assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+@pytest.fixture
+async def tiny_serving(tiny_serving_factory: Any) -> Any:
+    """`OpenAIServing` over the tiny chat decoder with the default engine settings (2 MiB of KV)."""
+    return await tiny_serving_factory()

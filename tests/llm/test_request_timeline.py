@@ -4,7 +4,7 @@ of it (`LLMUsage` for the gateway, `Server-Timing` on non-streamed answers)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,10 +12,8 @@ import torch
 
 from headroom.core.clock import FakeClock
 from headroom.gateway.usage import LLMUsage
-from headroom.llm.async_engine import AsyncLLMEngine
 from headroom.llm.config import EngineConfig
 from headroom.llm.engine import LLMEngine
-from headroom.llm.offline import build_engine
 from headroom.llm.request import RequestTimeline, SamplingParams, SequenceOutput, merge_timelines
 from headroom.llm.runner import ModelBatch
 from headroom.llm.serving import OpenAIServing
@@ -92,16 +90,9 @@ def test_aborted_request_has_a_finished_timeline(fake_runner: Callable[..., Any]
 
 
 @pytest.fixture
-async def serving(tiny_chat_parts: Any) -> AsyncIterator[OpenAIServing]:
-    cfg, state, tok = tiny_chat_parts
-    engine = build_engine(cfg, state, EngineConfig(kv_cache_memory_mb=2), tok)
-    aengine = AsyncLLMEngine(engine)
-    aengine.start()
-    s = OpenAIServing("tiny")
-    s.attach(aengine, tok, engine.max_model_len)
-    yield s
-    await aengine.stop()
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+def serving(tiny_serving: Any) -> OpenAIServing:
+    s: OpenAIServing = tiny_serving
+    return s
 
 
 async def test_non_streamed_answer_reports_usage_and_server_timing(serving: OpenAIServing) -> None:

@@ -4,29 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from headroom.llm.async_engine import AsyncLLMEngine
-from headroom.llm.config import EngineConfig
-from headroom.llm.offline import build_engine
 from headroom.llm.openai_protocol import ServingResponse
 from headroom.llm.serving import OpenAIServing
 
 
 @pytest.fixture
-async def serving(tiny_chat_parts: Any) -> AsyncIterator[OpenAIServing]:
-    cfg, state, tok = tiny_chat_parts
-    engine = build_engine(cfg, state, EngineConfig(kv_cache_memory_mb=2, max_waiting_requests=2), tok)
-    aengine = AsyncLLMEngine(engine)
-    aengine.start()
-    s = OpenAIServing("tiny")
-    s.attach(aengine, tok, engine.max_model_len)
-    yield s
-    await aengine.stop()
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+async def serving(tiny_serving_factory: Any) -> OpenAIServing:
+    s: OpenAIServing = await tiny_serving_factory(max_waiting_requests=2)
+    return s
 
 
 async def _sse(resp: ServingResponse) -> list[Any]:
@@ -130,3 +119,32 @@ async def test_request_past_its_deadline_is_504_and_aborted(serving: OpenAIServi
             break
         await asyncio.sleep(0.01)
     assert not engine.has_unfinished and engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+async def test_a_tokenizer_failure_is_a_500_json_for_that_request_only(
+    serving: OpenAIServing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0}
+
+    def broken(*args: object, **kwargs: object) -> str:
+        raise RuntimeError("template exploded")
+
+    assert serving.tokenizer is not None
+    monkeypatch.setattr(serving.tokenizer, "apply_chat_template", broken)
+    failed = await serving.create_chat_completion(body)
+    assert failed.status == 500 and failed.body is not None
+    assert "template exploded" in failed.body["error"]["message"]
+    monkeypatch.undo()
+    assert (await serving.create_chat_completion(body)).status == 200
+
+
+async def test_a_failure_while_streaming_ends_the_stream_with_an_error_event(
+    serving: OpenAIServing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(token_id: int) -> str:
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+
+    monkeypatch.setattr(serving, "_token_text", broken)
+    body = {"prompt": "Hi", "max_tokens": 3, "temperature": 0, "logprobs": 2, "stream": True}
+    events = await _sse(await serving.create_completion(body))
+    assert events[-1] == "[DONE]" and "invalid start byte" in events[-2]["error"]["message"]

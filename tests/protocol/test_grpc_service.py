@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from headroom.core.errors import Draining
 from headroom.protocol.generated import headroom_inference_pb2 as pb
 from headroom.protocol.grpc_service import GrpcServerConfig, bind_grpc_server, stop_grpc_server
 
@@ -117,6 +119,15 @@ def test_errors_map_to_grpc_codes(client: grpcclient.InferenceServerClient) -> N
     assert result.as_numpy("OUTPUT0").tolist() == [[1.0, 1.0]]
 
 
+def _model_infer(channel: grpc.aio.Channel) -> Any:
+    """The raw ModelInfer method on a channel (no client library between the test and the status)."""
+    return channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer",
+        request_serializer=pb.ModelInferRequest.SerializeToString,
+        response_deserializer=pb.ModelInferResponse.FromString,
+    )
+
+
 def _slow_request(request_id: str) -> pb.ModelInferRequest:
     message = pb.ModelInferRequest(model_name="slow", id=request_id)
     message.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
@@ -129,11 +140,7 @@ async def test_client_cancellation_reaches_the_data_plane() -> None:
     server, port = await bind_grpc_server(plane, "127.0.0.1", 0)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            infer = channel.unary_unary(
-                "/inference.GRPCInferenceService/ModelInfer",
-                request_serializer=pb.ModelInferRequest.SerializeToString,
-                response_deserializer=pb.ModelInferResponse.FromString,
-            )
+            infer = _model_infer(channel)
             call = infer(_slow_request("cancel-me"))
             await asyncio.wait_for(plane.started.wait(), 30)
             call.cancel()
@@ -151,11 +158,7 @@ async def test_client_deadline_reaches_the_data_plane() -> None:
     server, port = await bind_grpc_server(plane, "127.0.0.1", 0)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            infer = channel.unary_unary(
-                "/inference.GRPCInferenceService/ModelInfer",
-                request_serializer=pb.ModelInferRequest.SerializeToString,
-                response_deserializer=pb.ModelInferResponse.FromString,
-            )
+            infer = _model_infer(channel)
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await infer(_slow_request("too-slow"), timeout=0.5)
             assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -170,11 +173,7 @@ async def test_a_data_plane_that_ignores_the_watcher_is_cancelled_after_the_grac
     server, port = await bind_grpc_server(plane, "127.0.0.1", 0, config=GrpcServerConfig(cancel_grace_s=0.05))
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            infer = channel.unary_unary(
-                "/inference.GRPCInferenceService/ModelInfer",
-                request_serializer=pb.ModelInferRequest.SerializeToString,
-                response_deserializer=pb.ModelInferResponse.FromString,
-            )
+            infer = _model_infer(channel)
             call = infer(_slow_request("stubborn"))
             await asyncio.wait_for(plane.started.wait(), 30)
             call.cancel()
@@ -189,5 +188,23 @@ async def test_port_in_use_is_a_clear_error() -> None:
     try:
         with pytest.raises(OSError, match="pick another --grpc-port"):
             await bind_grpc_server(FakeDataPlane(), "127.0.0.1", port)
+    finally:
+        await stop_grpc_server(server, grace_s=0)
+
+
+class _DrainingPlane(FakeDataPlane):
+    async def infer(self, request: object, disconnected: object = None) -> Any:
+        raise Draining("the server is draining; send requests for 'slow' elsewhere", retry_after_s=1.0)
+
+
+async def test_a_drain_refusal_carries_the_draining_trailing_metadata() -> None:
+    server, port = await bind_grpc_server(_DrainingPlane(), "127.0.0.1", 0)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            infer = _model_infer(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await infer(_slow_request("refused"), timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "draining" in str(info.value.details())
+            assert ("x-headroom-draining", "1") in tuple(info.value.trailing_metadata() or ())
     finally:
         await stop_grpc_server(server, grace_s=0)

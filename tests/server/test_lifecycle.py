@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
+from tests.server.conftest import build_test_repository
 from tests.support.server import TRUST_PYTHON, run_server
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
 
 
 def test_sigterm_reports_not_ready_and_finishes_in_flight_requests(test_repo: Path, tmp_path: Path) -> None:
@@ -43,3 +53,48 @@ def test_invalid_model_config_fails_at_start_with_a_message_naming_the_file(tmp_
                            "--http-port", "0", "--grpc-port", "-1"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "config.yaml" in proc.stderr and "backend" in proc.stderr
+
+
+def test_sigterm_drains_llm_streams_and_tensor_requests_alike(tmp_path: Path) -> None:
+    """SIGTERM: readiness 503 at once, new LLM and tensor requests 503 with `x-headroom-draining: 1` (HTTP
+    header, gRPC trailing metadata), the LLM stream in flight runs to its end, then the process exits 0."""
+    repo = build_test_repository(tmp_path / "repo")
+    shutil.copytree(MODELS / "smollm2", repo / "smollm2")
+    args = ["--model", "echo", "--model", "smollm2", "--drain-timeout-s", "120", *TRUST_PYTHON]
+    with run_server(repo, tmp_path, args) as srv:
+        chat = srv.url + "/v1/chat/completions"
+        events: list[dict[str, Any]] = []
+        first = threading.Event()
+
+        def stream() -> None:
+            body = {"messages": [{"role": "user", "content": "Count to a hundred."}], "max_tokens": 100,
+                    "ignore_eos": True, "temperature": 0, "stream": True}
+            with httpx.stream("POST", chat, json=body, timeout=120) as resp:
+                for line in resp.iter_lines():
+                    if line.startswith("data: {"):
+                        events.append(json.loads(line[len("data: "):]))
+                        first.set()
+
+        streamer = threading.Thread(target=stream, daemon=True)
+        streamer.start()
+        assert first.wait(60), "the stream produced no event"
+        srv.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while httpx.get(srv.url + "/v2/health/ready", timeout=5).status_code != 503:
+            assert time.monotonic() < deadline, "readiness did not turn 503 after SIGTERM"
+            time.sleep(0.01)
+        refused_llm = httpx.post(chat, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        tensor = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+        refused_tensor = httpx.post(srv.url + "/v2/models/echo/infer", json=tensor)
+        for refused in (refused_llm, refused_tensor):
+            assert refused.status_code == 503 and refused.headers["x-headroom-draining"] == "1", refused.text
+        assert refused_llm.json()["error"]["code"] == "engine_unavailable"
+        assert refused_tensor.json()["reason"] == "draining"
+        with pytest.raises(InferenceServerException) as grpc_refused:
+            grpcclient.InferenceServerClient(srv.grpc_target).infer(
+                "echo", [grpcclient.InferInput("x", [1, 2], "FP32").set_data_from_numpy(np.ones((1, 2), np.float32))])
+        assert "draining" in str(grpc_refused.value)
+        streamer.join(120)
+        assert not streamer.is_alive() and "error" not in events[-1]
+        assert events[-1]["choices"][0]["finish_reason"] == "length"  # all 100 tokens, not cut
+        assert srv.process.wait(timeout=60) == 0

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import httpx
@@ -49,3 +52,63 @@ def test_completions_and_openai_shaped_errors(llm_server: RunningServer) -> None
     assert bad.status_code == 400 and "message" in bad.json()["error"]
     metrics = httpx.get(llm_server.url + "/metrics").text
     assert "headroom_llm_time_to_first_token_seconds" in metrics
+
+
+def test_hostile_sampling_parameters_fail_that_request_only(llm_server: RunningServer) -> None:
+    """repetition_penalty 1e-300 at temperature 0.7 makes the distribution non-finite: a 400 for that request
+    (streamed: an error event), while the engine, readiness and the next request are unaffected."""
+    client = OpenAI(base_url=llm_server.url + "/v1", api_key="unused")
+    messages = [{"role": "user", "content": "Say something about Paris, please."}]
+    hostile = {"repetition_penalty": 1e-300}
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="smollm2", messages=messages, max_tokens=4,  # type: ignore[arg-type]
+                                       temperature=0.7, extra_body=hostile)
+    assert "repetition_penalty" in str(bad.value)
+    body = {"model": "smollm2", "messages": messages, "max_tokens": 4, "temperature": 0.7, "stream": True, **hostile}
+    with httpx.stream("POST", llm_server.url + "/v1/chat/completions", json=body, timeout=30) as stream:
+        events = [line for line in stream.iter_lines() if line.startswith("data: ")]
+    if stream.status_code == 200:  # admitted, failed in the step: an error event, then [DONE]
+        assert '"error"' in events[-2] and events[-1] == "data: [DONE]"
+    else:  # refused up front by request validation
+        assert stream.status_code == 400
+    assert httpx.get(llm_server.url + "/v2/health/ready").status_code == 200
+    assert httpx.get(llm_server.url + "/v2/health/live").status_code == 200
+    reply = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=4, temperature=0)  # type: ignore[arg-type]
+    assert reply.choices[0].message.content
+
+
+def _gauges(srv: RunningServer) -> tuple[float, float, float]:
+    """(running, waiting, kv_cache_usage_perc) of smollm2 from /metrics."""
+    values: dict[str, float] = {}
+    for line in httpx.get(srv.url + "/metrics").text.splitlines():
+        for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+            if line.startswith(f'headroom_llm_{name}{{model_name="smollm2"}}'):
+                values[name] = float(line.rsplit(" ", 1)[1])
+    return values["num_requests_running"], values["num_requests_waiting"], values["kv_cache_usage_perc"]
+
+
+def test_abandoned_streams_leave_the_gauges_at_idle(llm_server: RunningServer) -> None:
+    """16 clients start a long stream each and go away after its first event: the gauges go back to idle
+    without another request arriving (they used to keep their values until the next step)."""
+
+    async def open_and_abandon() -> None:
+        readers = []  # each stream's line iterator, kept: a collected one would close its response early
+        async with httpx.AsyncClient(base_url=llm_server.url, timeout=60) as client, AsyncExitStack() as streams:
+            for i in range(16):
+                body = {"messages": [{"role": "user", "content": f"Tell story number {i}."}], "stream": True,
+                        "max_tokens": 1000, "ignore_eos": True, "temperature": 0.7}
+                resp = await streams.enter_async_context(client.stream("POST", "/v1/chat/completions", json=body))
+                assert resp.status_code == 200
+                readers.append(resp.aiter_lines())
+                async for line in readers[-1]:
+                    if line.startswith("data: "):
+                        break
+            running, waiting, kv = _gauges(llm_server)
+            assert running + waiting == 16 and kv > 0  # all 16 generating when their clients go
+        # leaving the stack closed every response before its end: 16 client disconnects
+
+    asyncio.run(open_and_abandon())
+    deadline = time.monotonic() + 10.0
+    while _gauges(llm_server) != (0.0, 0.0, 0.0):  # polled with a bound: the server has nothing to await on
+        assert time.monotonic() < deadline, f"gauges not idle 10 s after the disconnects: {_gauges(llm_server)}"
+        time.sleep(0.01)

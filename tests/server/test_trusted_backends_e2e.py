@@ -12,7 +12,7 @@ import httpx
 
 from tests.support.server import run_server
 
-PROJECT_MODELS = Path(__file__).resolve().parents[2] / "models"
+BENCH_MODELS = Path(__file__).resolve().parents[2] / "benchmarks" / "models"
 HOW = "--trusted-backends onnxruntime,torch,llm,python"
 
 
@@ -28,9 +28,10 @@ def test_a_python_model_is_refused_at_start_by_default(test_repo: Path) -> None:
 def test_loading_a_python_model_later_is_refused_too_and_allowed_when_listed(test_repo: Path,
                                                                             tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    shutil.copytree(test_repo / "echo", repo / "echo")
-    shutil.copytree(PROJECT_MODELS / "noop", repo / "noop")  # headroom's own class: served by default
-    with run_server(repo, tmp_path, ["--model", "noop", "--grpc-port", "-1"]) as srv:
+    shutil.copytree(BENCH_MODELS / "noop", repo / "noop")  # headroom's own class: served by default
+    args = ["--grpc-port", "-1", "--model-control-mode", "explicit"]
+    with run_server(repo, tmp_path, args) as srv:
+        shutil.copytree(test_repo / "echo", repo / "echo")  # a python model added later, then loaded
         refused = httpx.post(srv.url + "/v2/repository/models/echo/load", timeout=60.0)
         assert refused.status_code == 400 and HOW in refused.json()["error"]
         body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}]}

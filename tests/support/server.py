@@ -53,11 +53,12 @@ class RunningServer:
 
 @contextmanager
 def run_server(repo: Path, tmp: Path, args: Sequence[str] = (), ready_timeout_s: float = 240.0,
-               wait_ready: bool = True) -> Iterator[RunningServer]:
-    """Run `headroom serve` on free ports until the block exits; fails with the server log on trouble."""
+               wait_ready: bool = True, module: str = "headroom.cli.main") -> Iterator[RunningServer]:
+    """Run `headroom serve` on free ports until the block exits; fails with the server log on trouble.
+    `module`: what `python -m` runs (tests.support.faulty_serve adds test-only fault hooks)."""
     http_port, grpc_port = free_port(), free_port()
     log_path = tmp / f"server-{http_port}.log"
-    cmd = [sys.executable, "-m", "headroom.cli.main", "serve", "--model-repository", str(repo),
+    cmd = [sys.executable, "-m", module, "serve", "--model-repository", str(repo),
            "--http-port", str(http_port), "--grpc-port", str(grpc_port), *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
