@@ -1,6 +1,6 @@
 """Build (system C compiler, cached) and load (ctypes) the CPU kernels library.
 
-Every `.c` file next to this module (`paged_attention.c`, `int8_decode.c`, sharing `common.h`) is compiled into
+Every `.c` file next to this module (`paged_attention.c`, sharing `common.h`) is compiled into
 ONE shared library on first use with `cc -O3 -march=native -ffp-contract=off -fopenmp` (no fast-math: IEEE ops,
 explicit AVX2/FMA only where the CPU has them) into `$HEADROOM_CACHE_DIR/kernels/<hash>.so`
 (`~/.cache/headroom` by default); the hash covers the sources, the flags, the compiler and the CPU's flags, so
@@ -21,10 +21,10 @@ import tempfile
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).parent
-SOURCE_NAMES = ("common.h", "paged_attention.c", "int8_decode.c")  # hashed; the .c files are compiled
+SOURCE_NAMES = ("common.h", "paged_attention.c")  # hashed; the .c files are compiled
 BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 ABI_VERSION = 2  # hr_abi_version() of the sources this module drives
-BACKENDS = ("auto", "torch", "kernel")  # values of EngineConfig.attention_backend and .decode_backend
+BACKENDS = ("auto", "torch", "kernel")  # values of EngineConfig.attention_backend
 
 
 class KernelUnavailableError(RuntimeError):
