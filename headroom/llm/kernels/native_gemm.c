@@ -1,0 +1,358 @@
+/* GEMM over GGUF block-quantised weights: y[M, N] = x[M, K] @ W^T, the arithmetic of headroom/llm/quant_blocks.py
+ * bit for bit, on three paths chosen at run time (hr_native_isa_supported; compiled for the x86-64 baseline with
+ * per-function `target` attributes, so one library runs everywhere; non-x86 builds keep the scalar path):
+ *
+ * - scalar: plain C;
+ * - AVX2 (+F16C): per block, vpmaddubsw + vpmaddwd into 8 int32 lanes (signed weights: |w| x sign(x, w));
+ * - AVX-512 VNNI (256-bit, needs AVX512VL): vpdpbusd straight from u8 x s8 (Q4_1 nibbles are unsigned; signed
+ *   formats use the same |w| x sign(x, w) trick).
+ *
+ * Every path computes each block's EXACT int32 dot, reduces the int32 lanes exactly, then runs the same fp32 ops in
+ * the same order: v = (d_w * d_x) * (float)isum [+ m_w * s_x], lane b % 8 += v, then the fixed lane tree. A weight
+ * row is unpacked once into an L1 buffer (integers, fp32 scales) and used for all M activation rows, so each weight
+ * block is streamed from memory once per call; output rows are split over the OpenMP team in static chunks, so a
+ * result never depends on M, on the other rows, or on the thread count.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "native.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HR_X86 1
+#include <immintrin.h>
+#define T_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define T_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
+#else
+#define HR_X86 0
+#endif
+
+#define HR_MAX_COLS 16384 /* widest K a call accepts (the per-thread row buffer lives on the stack) */
+#define HR_ROWS_PER_CHUNK 16
+
+int64_t hr_row_bytes(int64_t fmt, int64_t cols) {
+    switch (fmt) {
+    case HR_F32: return cols * 4;
+    case HR_F16: return cols * 2;
+    case HR_Q4_0: return cols % HR_QK ? -1 : cols / HR_QK * 18;
+    case HR_Q4_1: return cols % HR_QK ? -1 : cols / HR_QK * 20;
+    case HR_Q8_0: return cols % HR_QK ? -1 : cols / HR_QK * 34;
+    default: return -1;
+    }
+}
+
+int hr_native_isa_supported(int64_t isa) {
+    if (isa == HR_ISA_SCALAR) return 1;
+#if HR_X86
+    __builtin_cpu_init();
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (isa == HR_ISA_AVX2) return avx2;
+    if (isa == HR_ISA_AVX512VNNI)
+        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+#endif
+    return 0;
+}
+
+float hr_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0 && man == 0) {
+        bits = sign;
+    } else if (exp == 0) { /* subnormal: normalise */
+        uint32_t e = 0;
+        while (!(man & 0x400)) man <<= 1, e++;
+        bits = sign | ((113 - e) << 23) | ((man & 0x3ff) << 13);
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+void hr_quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s) {
+    const int64_t nb = k / HR_QK;
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = x + i * k + b * HR_QK;
+            int8_t *qb = q + i * k + b * HR_QK;
+            float amax = 0.0f;
+            for (int j = 0; j < HR_QK; j++) {
+                const float a = fabsf(xb[j]);
+                amax = a > amax ? a : amax;
+            }
+            float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            if (id > 3.40282347e38f) id = 0.0f; /* 127 / amax overflowed */
+            const float db = id > 0.0f ? amax / 127.0f : 0.0f;
+            int32_t sum = 0;
+            for (int j = 0; j < HR_QK; j++) {
+                float v = xb[j] * id;
+                v = (v + 12582912.0f) - 12582912.0f; /* rint, ties to even (|v| <= 127.x < 2^22) */
+                v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : (v == v ? v : 0.0f));
+                qb[j] = (int8_t)v;
+                sum += qb[j];
+            }
+            d[i * nb + b] = db;
+            s[i * nb + b] = db * (float)sum;
+        }
+    }
+}
+
+static inline float lane_sum8(const float *a) {
+    const float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
+    return (s0 + s2) + (s1 + s3);
+}
+
+static inline int64_t block_bytes(int64_t fmt) { return fmt == HR_Q4_1 ? 20 : (fmt == HR_Q4_0 ? 18 : 34); }
+
+/* ---- scalar ---- */
+
+/* one block row -> integers wq [nb * 32] (Q4_0 minus 8), d and m as fp32 [nb]; F16/F32 -> wf [cols] */
+static void unpack_scalar(const hr_qtensor *w, const uint8_t *row, int8_t *wq, float *dw, float *mw, float *wf) {
+    const int64_t k = w->cols, nb = k / HR_QK, bb = block_bytes(w->fmt);
+    uint16_t h;
+    if (w->fmt == HR_F32) {
+        memcpy(wf, row, (size_t)k * sizeof(float));
+        return;
+    }
+    if (w->fmt == HR_F16) {
+        for (int64_t i = 0; i < k; i++) memcpy(&h, row + 2 * i, 2), wf[i] = hr_f16_to_f32(h);
+        return;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bb;
+        memcpy(&h, blk, 2);
+        dw[b] = hr_f16_to_f32(h);
+        if (w->fmt == HR_Q8_0) {
+            memcpy(wq + b * HR_QK, blk + 2, HR_QK);
+            continue;
+        }
+        if (w->fmt == HR_Q4_1) memcpy(&h, blk + 2, 2), mw[b] = hr_f16_to_f32(h);
+        const uint8_t *qs = blk + (w->fmt == HR_Q4_1 ? 4 : 2);
+        const int off = w->fmt == HR_Q4_0 ? 8 : 0;
+        for (int j = 0; j < 16; j++) {
+            wq[b * HR_QK + j] = (int8_t)((qs[j] & 15) - off);
+            wq[b * HR_QK + j + 16] = (int8_t)((qs[j] >> 4) - off);
+        }
+    }
+}
+
+static float dot_f32_scalar(const float *x, const float *w, int64_t k) {
+    float acc[8] = {0};
+    for (int64_t i = 0; i < k; i++) acc[i & 7] = acc[i & 7] + x[i] * w[i];
+    return lane_sum8(acc);
+}
+
+static float dot_q_scalar(int q41, const int8_t *wq, const float *dw, const float *mw, const int8_t *xq,
+                          const float *dx, const float *sx, int64_t nb) {
+    float acc[8] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t isum = 0;
+        for (int j = 0; j < HR_QK; j++) isum += (int32_t)wq[b * HR_QK + j] * (int32_t)xq[b * HR_QK + j];
+        float v = (dw[b] * dx[b]) * (float)isum;
+        if (q41) v = v + mw[b] * sx[b];
+        acc[b & 7] = acc[b & 7] + v;
+    }
+    return lane_sum8(acc);
+}
+
+#if HR_X86
+/* ---- AVX2 ---- */
+
+T_AVX2 static void unpack_avx2(const hr_qtensor *w, const uint8_t *row, int8_t *wq, float *dw, float *mw, float *wf) {
+    const int64_t k = w->cols, nb = k / HR_QK, bb = block_bytes(w->fmt);
+    if (w->fmt == HR_F16) {
+        int64_t i = 0;
+        for (; i + 8 <= k; i += 8)
+            _mm256_storeu_ps(wf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * i))));
+        for (uint16_t h; i < k; i++) memcpy(&h, row + 2 * i, 2), wf[i] = hr_f16_to_f32(h);
+        return;
+    }
+    if (w->fmt == HR_F32) {
+        memcpy(wf, row, (size_t)k * sizeof(float));
+        return;
+    }
+    const __m128i low = _mm_set1_epi8(15);
+    const __m256i off = _mm256_set1_epi8(w->fmt == HR_Q4_0 ? 8 : 0);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * bb;
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        dw[b] = _cvtsh_ss(h);
+        if (w->fmt == HR_Q8_0) {
+            _mm256_storeu_si256((__m256i *)(wq + b * HR_QK), _mm256_loadu_si256((const __m256i *)(blk + 2)));
+            continue;
+        }
+        if (w->fmt == HR_Q4_1) memcpy(&h, blk + 2, 2), mw[b] = _cvtsh_ss(h);
+        const __m128i v = _mm_loadu_si128((const __m128i *)(blk + (w->fmt == HR_Q4_1 ? 4 : 2)));
+        const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+        _mm256_storeu_si256((__m256i *)(wq + b * HR_QK), _mm256_sub_epi8(q, off));
+    }
+}
+
+/* eight int32x8 vectors -> their eight horizontal sums (exact) */
+T_AVX2 static inline __m256i reduce8(const __m256i *s) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+T_AVX2 static inline int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+T_AVX2 static float dot_f32_avx2(const float *x, const float *w, int64_t k) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(w + i)));
+    float a[8];
+    _mm256_storeu_ps(a, acc);
+    for (; i < k; i++) a[i & 7] = a[i & 7] + x[i] * w[i];
+    return lane_sum8(a);
+}
+
+/* The fp32 part shared by both SIMD paths: 8 blocks' exact sums -> lanes (same ops as dot_q_scalar). */
+#define HR_BLOCK_FP32(isum_vec)                                                                                   \
+    do {                                                                                                          \
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(dw + b), _mm256_loadu_ps(dx + b)),                 \
+                                 _mm256_cvtepi32_ps(isum_vec));                                                   \
+        if (q41) v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_loadu_ps(mw + b), _mm256_loadu_ps(sx + b)));           \
+        acc = _mm256_add_ps(acc, v);                                                                              \
+    } while (0)
+
+#define HR_TAIL_FP32(isum_scalar)                                                                                 \
+    do {                                                                                                          \
+        float v = (dw[b] * dx[b]) * (float)(isum_scalar);                                                         \
+        if (q41) v = v + mw[b] * sx[b];                                                                           \
+        a[b & 7] = a[b & 7] + v;                                                                                  \
+    } while (0)
+
+T_AVX2 static inline __m256i block_avx2(const int8_t *w, const int8_t *x, int q41) {
+    const __m256i wv = _mm256_loadu_si256((const __m256i *)w), xv = _mm256_loadu_si256((const __m256i *)x);
+    const __m256i p = q41 ? _mm256_maddubs_epi16(wv, xv)
+                          : _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+T_AVX2 static float dot_q_avx2(int q41, const int8_t *wq, const float *dw, const float *mw, const int8_t *xq,
+                               const float *dx, const float *sx, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        __m256i s[8];
+        for (int j = 0; j < 8; j++) s[j] = block_avx2(wq + (b + j) * HR_QK, xq + (b + j) * HR_QK, q41);
+        HR_BLOCK_FP32(reduce8(s));
+    }
+    float a[8];
+    _mm256_storeu_ps(a, acc);
+    for (; b < nb; b++) HR_TAIL_FP32(hsum_i32(block_avx2(wq + b * HR_QK, xq + b * HR_QK, q41)));
+    return lane_sum8(a);
+}
+
+/* ---- AVX-512 VNNI (256-bit vpdpbusd) ---- */
+
+T_VNNI static inline __m256i block_vnni(const int8_t *w, const int8_t *x, int q41) {
+    const __m256i wv = _mm256_loadu_si256((const __m256i *)w), xv = _mm256_loadu_si256((const __m256i *)x);
+    const __m256i z = _mm256_setzero_si256();
+    return q41 ? _mm256_dpbusd_epi32(z, wv, xv) : _mm256_dpbusd_epi32(z, _mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+}
+
+T_VNNI static float dot_q_vnni(int q41, const int8_t *wq, const float *dw, const float *mw, const int8_t *xq,
+                               const float *dx, const float *sx, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        __m256i s[8];
+        for (int j = 0; j < 8; j++) s[j] = block_vnni(wq + (b + j) * HR_QK, xq + (b + j) * HR_QK, q41);
+        HR_BLOCK_FP32(reduce8(s));
+    }
+    float a[8];
+    _mm256_storeu_ps(a, acc);
+    for (; b < nb; b++) HR_TAIL_FP32(hsum_i32(block_vnni(wq + b * HR_QK, xq + b * HR_QK, q41)));
+    return lane_sum8(a);
+}
+#endif
+
+/* rows [n0, n1) of y for every activation row, on path `isa` */
+static void gemm_rows(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate, int64_t isa,
+                      int64_t n0, int64_t n1, int8_t *wq, float *dw, float *mw, float *wf) {
+    const int64_t k = w->cols, nb = k / HR_QK, rb = hr_row_bytes(w->fmt, k);
+    const int plain = w->fmt == HR_F32 || w->fmt == HR_F16, q41 = w->fmt == HR_Q4_1;
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = w->data + n * rb;
+#if HR_X86
+        if (isa != HR_ISA_SCALAR) unpack_avx2(w, row, wq, dw, mw, wf);
+        else
+#endif
+            unpack_scalar(w, row, wq, dw, mw, wf);
+        for (int64_t i = 0; i < a->m; i++) {
+            float v;
+            if (plain) {
+#if HR_X86
+                if (isa != HR_ISA_SCALAR) v = dot_f32_avx2(a->x + i * k, wf, k);
+                else
+#endif
+                    v = dot_f32_scalar(a->x + i * k, wf, k);
+            } else {
+                const int8_t *xq = a->q + i * k;
+                const float *dx = a->d + i * nb, *sx = a->s + i * nb;
+#if HR_X86
+                if (isa == HR_ISA_AVX512VNNI) v = dot_q_vnni(q41, wq, dw, mw, xq, dx, sx, nb);
+                else if (isa == HR_ISA_AVX2) v = dot_q_avx2(q41, wq, dw, mw, xq, dx, sx, nb);
+                else
+#endif
+                    v = dot_q_scalar(q41, wq, dw, mw, xq, dx, sx, nb);
+            }
+            float *out = y + i * ldy + n;
+            *out = accumulate ? *out + v : v;
+        }
+    }
+}
+
+void hr_gemm_team(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate, int64_t isa) {
+    _Alignas(64) int8_t wq[HR_MAX_COLS];
+    _Alignas(64) float wf[HR_MAX_COLS];
+    float dw[HR_MAX_COLS / HR_QK], mw[HR_MAX_COLS / HR_QK];
+    const int64_t chunks = (w->rows + HR_ROWS_PER_CHUNK - 1) / HR_ROWS_PER_CHUNK;
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t n0 = c * HR_ROWS_PER_CHUNK, n1 = n0 + HR_ROWS_PER_CHUNK < w->rows ? n0 + HR_ROWS_PER_CHUNK : w->rows;
+        gemm_rows(w, a, y, ldy, accumulate, isa, n0, n1, wq, dw, mw, wf);
+    }
+}
+
+/* Checks shared by the exported entry points: 0 ok, -2 bad weight / width / path. */
+int hr_check_tensor(const hr_qtensor *w, int64_t isa) {
+    if (hr_row_bytes(w->fmt, w->cols) < 0 || w->cols < 1 || w->cols > HR_MAX_COLS || w->rows < 1 || !w->data)
+        return -2;
+    return isa >= 0 && isa < HR_ISA_COUNT && hr_native_isa_supported(isa) ? 0 : -2;
+}
+
+/* y [m, w->rows] = x [m, w->cols] @ W^T (tests, benchmarks). Returns 0; -1 out of memory; -2 bad arguments. */
+int hr_native_gemm(const hr_qtensor *w, const float *x, int64_t m, float *y, int64_t isa, int64_t num_threads) {
+    if (hr_check_tensor(w, isa) != 0 || m < 0 || num_threads < 1) return -2;
+    const int64_t k = w->cols, nb = k / HR_QK;
+    hr_qact a = {x, NULL, NULL, NULL, m, k};
+    int8_t *q = NULL;
+    float *d = NULL, *s = NULL;
+    if (w->fmt != HR_F32 && w->fmt != HR_F16) {
+        q = malloc((size_t)(m * k) + 1), d = malloc((size_t)(m * nb + 1) * sizeof(float));
+        s = malloc((size_t)(m * nb + 1) * sizeof(float));
+        if (!q || !d || !s) {
+            free(q), free(d), free(s);
+            return -1;
+        }
+        hr_quantize_rows(x, m, k, q, d, s);
+        a.q = q, a.d = d, a.s = s;
+    }
+#pragma omp parallel num_threads((int)num_threads)
+    hr_gemm_team(w, &a, y, w->rows, 0, isa);
+    free(q), free(d), free(s);
+    return 0;
+}
