@@ -30,6 +30,8 @@ void hr_quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *d,
 void hr_gemm_team(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate, int64_t isa);
 /* 0 when w is a well-formed tensor this library can run on path isa, else -2 */
 int hr_check_tensor(const hr_qtensor *w, int64_t isa);
+/* row r of w as fp32 [w->cols] (q * d, + m for Q4_1) */
+void hr_dequantize_row(const hr_qtensor *w, int64_t r, float *out);
 /* fp32 value of one fp16 (exact) */
 float hr_f16_to_f32(uint16_t h);
 

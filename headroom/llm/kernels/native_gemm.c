@@ -356,3 +356,16 @@ int hr_native_gemm(const hr_qtensor *w, const float *x, int64_t m, float *y, int
     free(q), free(d), free(s);
     return 0;
 }
+
+/* Row `r` of W as fp32 (the embedding lookup): q * d (+ m for Q4_1), as quant_blocks.dequantize does. */
+void hr_dequantize_row(const hr_qtensor *w, int64_t r, float *out) {
+    int8_t wq[HR_MAX_COLS];
+    float dw[HR_MAX_COLS / HR_QK], mw[HR_MAX_COLS / HR_QK];
+    const uint8_t *row = w->data + r * hr_row_bytes(w->fmt, w->cols);
+    unpack_scalar(w, row, wq, dw, mw, out);
+    if (w->fmt == HR_F32 || w->fmt == HR_F16) return;
+    for (int64_t i = 0; i < w->cols; i++) {
+        out[i] = (float)wq[i] * dw[i / HR_QK];
+        if (w->fmt == HR_Q4_1) out[i] = out[i] + mw[i / HR_QK];
+    }
+}
