@@ -1,7 +1,7 @@
 """Cold start of `headroom serve` for SmolLM2: process start to `/v2/health/ready`, per weight dtype.
 
-    .venv/bin/python benchmarks/llm/cold_start_serve.py                      # fp32 and int8, 3 repeats each
-    .venv/bin/python benchmarks/llm/cold_start_serve.py --weight-dtypes int8 --repeats 5
+    .venv/bin/python benchmarks/llm/cold_start_serve.py                      # native default and fp32, 3 repeats each
+    .venv/bin/python benchmarks/llm/cold_start_serve.py --weight-dtypes auto --repeats 5
 
 Each repeat starts a fresh server process on a free port from a temporary model repository (a copy of
 models/smollm2/config.yaml with `weight_dtype` set), polls readiness every 20 ms, then reads the per-stage
@@ -9,7 +9,7 @@ gauge `headroom_llm_cold_start_seconds{stage}` from /metrics and stops the serve
 (~/.cache/headroom/llm/, made on the very first start) must be present: one unmeasured start per dtype runs
 first to make sure. The package's bytecode is compiled first, as `make serve` does (an editable install has
 none, and with PYTHONDONTWRITEBYTECODE set every start would recompile every module: ~0.3 s here). Weight
-dtypes are interleaved (fp32, int8, fp32, ...) so machine load hits both alike.
+dtypes are interleaved (auto, fp32, auto, ...) so machine load hits both alike.
 Writes benchmarks/results/llm_cold_start_<timestamp>.json (median per dtype, every run's stages, `uptime`).
 Target (issue 3): ready <= 3 s with the cache present.
 """
@@ -92,7 +92,7 @@ def one_start(repo: Path, timeout_s: float) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--weight-dtypes", default="auto,int8", help="comma-separated weight_dtype values")
+    ap.add_argument("--weight-dtypes", default="auto,fp32", help="comma-separated weight_dtype values")
     ap.add_argument("--repeats", type=int, default=3, help="measured starts per dtype (median reported)")
     ap.add_argument("--threads", type=int, default=-1, help="num_threads override (-1 = the config's)")
     ap.add_argument("--timeout-s", type=float, default=120.0)
@@ -104,7 +104,7 @@ def main() -> None:
     for wd in dtypes:
         repos[wd] = Path(tempfile.mkdtemp(prefix=f"cold_start_{wd}_"))
         write_repository(repos[wd], wd, args.threads)
-        one_start(repos[wd], args.timeout_s)  # makes sure the converted (and int8) cache exists; not measured
+        one_start(repos[wd], args.timeout_s)  # makes sure the GGUF's cache (and fp32 weights) exist; not measured
     runs: dict[str, list[dict[str, Any]]] = {wd: [] for wd in dtypes}
     load_start = [round(v, 2) for v in os.getloadavg()]
     for rnd in range(args.repeats):

