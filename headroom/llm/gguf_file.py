@@ -30,7 +30,7 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
 }
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-_MAX_KEPT_ARRAY = 4096  # longer arrays (vocabulary, merges, scores) are skipped, not decoded
+_MAX_KEPT_ARRAY = 4096  # longer arrays (vocabulary, merges, scores) are skipped unless asked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,7 @@ class _Cursor:
         self.pos += n
         return raw.decode("utf-8", errors="replace")
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, keep_all: bool = False) -> Any:
         if vtype in _SCALARS:
             return self.unpack(_SCALARS[vtype])
         if vtype == _STRING:
@@ -79,7 +79,14 @@ class _Cursor:
         if vtype != _ARRAY:
             raise ValueError(f"unknown GGUF value type {vtype}")
         item_type, count = int(self.unpack("<I")), int(self.unpack("<Q"))
-        if item_type in _SCALARS and count > _MAX_KEPT_ARRAY:
+        if keep_all and item_type == _STRING:
+            return self.strings(count)
+        if item_type in _SCALARS and (keep_all or count <= _MAX_KEPT_ARRAY):
+            size = struct.calcsize(_SCALARS[item_type])
+            out = list(struct.unpack_from(f"<{count}{_SCALARS[item_type][1]}", self.buf, self.pos))
+            self.pos += count * size
+            return out
+        if item_type in _SCALARS:
             self.pos += count * struct.calcsize(_SCALARS[item_type])
             return None
         if item_type == _STRING and count > _MAX_KEPT_ARRAY:
@@ -88,9 +95,20 @@ class _Cursor:
             return None
         return [self.value(item_type) for _ in range(count)]
 
+    def strings(self, count: int) -> list[str]:
+        out: list[str] = []
+        buf, pos = self.buf, self.pos
+        for _ in range(count):
+            n = int(struct.unpack_from("<Q", buf, pos)[0])
+            out.append(bytes(buf[pos + 8 : pos + 8 + n]).decode("utf-8", errors="replace"))
+            pos += 8 + n
+        self.pos = pos
+        return out
 
-def read_gguf(path: Path) -> GGUFFile:
-    """Parse the header of a GGUF file and map its tensors (no tensor data is read)."""
+
+def read_gguf(path: Path, full_arrays: frozenset[str] = frozenset()) -> GGUFFile:
+    """Parse the header of a GGUF file and map its tensors (no tensor data is read); the arrays named in
+    `full_arrays` (e.g. "tokenizer.ggml.tokens") are kept whatever their length."""
     data = np.memmap(path, dtype=np.uint8, mode="r")
     cur = _Cursor(memoryview(data))  # type: ignore[arg-type]
     if bytes(cur.buf[:4]) != b"GGUF":
@@ -103,7 +121,7 @@ def read_gguf(path: Path) -> GGUFFile:
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
         key = cur.string()
-        value = cur.value(int(cur.unpack("<I")))
+        value = cur.value(int(cur.unpack("<I")), keep_all=key in full_arrays)
         if value is not None:
             metadata[key] = value
     infos: list[tuple[str, tuple[int, ...], int, int]] = []
