@@ -162,35 +162,16 @@ static float dot_q_scalar(int q41, const int8_t *wq, const float *dw, const floa
 #if HR_X86
 /* ---- AVX2 ---- */
 
-T_AVX2 static void unpack_avx2(const hr_qtensor *w, const uint8_t *row, int8_t *wq, float *dw, float *mw, float *wf) {
-    const int64_t k = w->cols, nb = k / HR_QK, bb = block_bytes(w->fmt);
-    if (w->fmt == HR_F16) {
-        int64_t i = 0;
-        for (; i + 8 <= k; i += 8)
-            _mm256_storeu_ps(wf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * i))));
-        for (uint16_t h; i < k; i++) memcpy(&h, row + 2 * i, 2), wf[i] = hr_f16_to_f32(h);
-        return;
-    }
+/* an F16 / F32 row -> wf [cols] fp32 */
+T_AVX2 static void unpack_plain_avx2(const hr_qtensor *w, const uint8_t *row, float *wf) {
+    const int64_t k = w->cols;
     if (w->fmt == HR_F32) {
         memcpy(wf, row, (size_t)k * sizeof(float));
         return;
     }
-    const __m128i low = _mm_set1_epi8(15);
-    const __m256i off = _mm256_set1_epi8(w->fmt == HR_Q4_0 ? 8 : 0);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + b * bb;
-        uint16_t h;
-        memcpy(&h, blk, 2);
-        dw[b] = _cvtsh_ss(h);
-        if (w->fmt == HR_Q8_0) {
-            _mm256_storeu_si256((__m256i *)(wq + b * HR_QK), _mm256_loadu_si256((const __m256i *)(blk + 2)));
-            continue;
-        }
-        if (w->fmt == HR_Q4_1) memcpy(&h, blk + 2, 2), mw[b] = _cvtsh_ss(h);
-        const __m128i v = _mm_loadu_si128((const __m128i *)(blk + (w->fmt == HR_Q4_1 ? 4 : 2)));
-        const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
-        _mm256_storeu_si256((__m256i *)(wq + b * HR_QK), _mm256_sub_epi8(q, off));
-    }
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) _mm256_storeu_ps(wf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * i))));
+    for (uint16_t h; i < k; i++) memcpy(&h, row + 2 * i, 2), wf[i] = hr_f16_to_f32(h);
 }
 
 /* eight int32x8 vectors -> their eight horizontal sums (exact) */
@@ -217,66 +198,85 @@ T_AVX2 static float dot_f32_avx2(const float *x, const float *w, int64_t k) {
     return lane_sum8(a);
 }
 
-/* The fp32 part shared by both SIMD paths: 8 blocks' exact sums -> lanes (same ops as dot_q_scalar). */
-#define HR_BLOCK_FP32(isum_vec)                                                                                   \
-    do {                                                                                                          \
-        __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(dw + b), _mm256_loadu_ps(dx + b)),                 \
-                                 _mm256_cvtepi32_ps(isum_vec));                                                   \
-        if (q41) v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_loadu_ps(mw + b), _mm256_loadu_ps(sx + b)));           \
-        acc = _mm256_add_ps(acc, v);                                                                              \
-    } while (0)
-
-#define HR_TAIL_FP32(isum_scalar)                                                                                 \
-    do {                                                                                                          \
-        float v = (dw[b] * dx[b]) * (float)(isum_scalar);                                                         \
-        if (q41) v = v + mw[b] * sx[b];                                                                           \
-        a[b & 7] = a[b & 7] + v;                                                                                  \
-    } while (0)
-
-T_AVX2 static inline __m256i block_avx2(const int8_t *w, const int8_t *x, int q41) {
-    const __m256i wv = _mm256_loadu_si256((const __m256i *)w), xv = _mm256_loadu_si256((const __m256i *)x);
-    const __m256i p = q41 ? _mm256_maddubs_epi16(wv, xv)
-                          : _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+/* The integers of the raw block at `blk` in one vector: Q4 nibbles (low halves, then high halves; Q4_0 minus 8), or
+ * Q8_0's bytes. */
+T_AVX2 static inline __m256i load_block(const uint8_t *blk, int64_t fmt) {
+    if (fmt == HR_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const __m128i v = _mm_loadu_si128((const __m128i *)(blk + (fmt == HR_Q4_1 ? 4 : 2))), low = _mm_set1_epi8(15);
+    const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+    return fmt == HR_Q4_0 ? _mm256_sub_epi8(q, _mm256_set1_epi8(8)) : q;
 }
 
-T_AVX2 static float dot_q_avx2(int q41, const int8_t *wq, const float *dw, const float *mw, const int8_t *xq,
-                               const float *dx, const float *sx, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        __m256i s[8];
-        for (int j = 0; j < 8; j++) s[j] = block_avx2(wq + (b + j) * HR_QK, xq + (b + j) * HR_QK, q41);
-        HR_BLOCK_FP32(reduce8(s));
+/* d and m (fp16 at bytes 0 and 2 of each block) of the 8 blocks from `g`, bb bytes apart, as fp32 (one gather) */
+T_AVX2 static inline void load_scales(const uint8_t *g, int64_t bb, __m256 *dw, __m256 *mw) {
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)bb));
+    const __m256i raw = _mm256_i32gather_epi32((const int *)(const void *)g, idx, 1);
+    const __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi32(0xFFFF)), hi = _mm256_srli_epi32(raw, 16);
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8); /* [d0..d7 | m0..m7] */
+    *dw = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
+    *mw = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
+}
+
+/* exact int32 dot of one block: u8 x s8 when the weights are unsigned (Q4_1), else |w| x sign(x, w) */
+#define HR_DOT_AVX2(wa, wv, xv, q41)                                                                               \
+    _mm256_madd_epi16(_mm256_maddubs_epi16(wa, (q41) ? (xv) : _mm256_sign_epi8(xv, wv)), _mm256_set1_epi16(1))
+#define HR_DOT_VNNI(wa, wv, xv, q41)                                                                               \
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), wa, (q41) ? (xv) : _mm256_sign_epi8(xv, wv))
+#define HR_M_TILE 64 /* activation rows whose accumulators stay in L1 while a weight row is swept */
+
+/* y[i, n] for one block-format weight row (raw bytes) and every activation row i: weights streamed straight from
+ * the row, each group of 8 blocks unpacked into registers once and used for all rows; the ops of dot_q_scalar. */
+#define HR_ROW_Q(NAME, TARGET, DOT)                                                                                \
+    TARGET static void NAME(const hr_qtensor *w, const uint8_t *row, const hr_qact *a, float *y, int64_t ldy,       \
+                            int64_t n, int accumulate) {                                                           \
+        const int64_t k = w->cols, nb = k / HR_QK, bb = block_bytes(w->fmt), full = nb / 8 * 8;                  \
+        const int q41 = w->fmt == HR_Q4_1;                                                                         \
+        for (int64_t i0 = 0; i0 < a->m; i0 += HR_M_TILE) {                                                         \
+            const int64_t i1 = i0 + HR_M_TILE < a->m ? i0 + HR_M_TILE : a->m;                                      \
+            __m256 acc[HR_M_TILE];                                                                                 \
+            for (int64_t i = i0; i < i1; i++) acc[i - i0] = _mm256_setzero_ps();                                  \
+            for (int64_t b = 0; b < full; b += 8) {                                                                \
+                const uint8_t *g = row + b * bb;                                                                   \
+                __m256i wv[8], wa[8];                                                                              \
+                for (int j = 0; j < 8; j++) {                                                                      \
+                    wv[j] = load_block(g + j * bb, w->fmt);                                                        \
+                    wa[j] = q41 ? wv[j] : _mm256_abs_epi8(wv[j]);                                                  \
+                }                                                                                                  \
+                __m256 dw, mw;                                                                                     \
+                load_scales(g, bb, &dw, &mw);                                                                      \
+                for (int64_t i = i0; i < i1; i++) {                                                                \
+                    const int8_t *x = a->q + i * k + b * HR_QK;                                                    \
+                    __m256i s[8];                                                                                  \
+                    for (int j = 0; j < 8; j++)                                                                    \
+                        s[j] = DOT(wa[j], wv[j], _mm256_loadu_si256((const __m256i *)(x + j * HR_QK)), q41);       \
+                    __m256 v = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(a->d + i * nb + b)),                \
+                                             _mm256_cvtepi32_ps(reduce8(s)));                                      \
+                    if (q41) v = _mm256_add_ps(v, _mm256_mul_ps(mw, _mm256_loadu_ps(a->s + i * nb + b)));          \
+                    acc[i - i0] = _mm256_add_ps(acc[i - i0], v);                                                   \
+                }                                                                                                  \
+            }                                                                                                      \
+            for (int64_t i = i0; i < i1; i++) {                                                                    \
+                float l[8];                                                                                        \
+                _mm256_storeu_ps(l, acc[i - i0]);                                                                  \
+                for (int64_t b = full; b < nb; b++) {                                                              \
+                    const uint8_t *blk = row + b * bb;                                                             \
+                    const __m256i wv = load_block(blk, w->fmt), wa = q41 ? wv : _mm256_abs_epi8(wv);               \
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(a->q + i * k + b * HR_QK));            \
+                    uint16_t h;                                                                                    \
+                    memcpy(&h, blk, 2);                                                                            \
+                    float v = (_cvtsh_ss(h) * a->d[i * nb + b]) * (float)hsum_i32(DOT(wa, wv, xv, q41));           \
+                    if (q41) memcpy(&h, blk + 2, 2), v = v + _cvtsh_ss(h) * a->s[i * nb + b];                      \
+                    l[b & 7] = l[b & 7] + v;                                                                       \
+                }                                                                                                  \
+                const float v = lane_sum8(l);                                                                      \
+                float *out = y + i * ldy + n;                                                                      \
+                *out = accumulate ? *out + v : v;                                                                  \
+            }                                                                                                      \
+        }                                                                                                          \
     }
-    float a[8];
-    _mm256_storeu_ps(a, acc);
-    for (; b < nb; b++) HR_TAIL_FP32(hsum_i32(block_avx2(wq + b * HR_QK, xq + b * HR_QK, q41)));
-    return lane_sum8(a);
-}
 
-/* ---- AVX-512 VNNI (256-bit vpdpbusd) ---- */
-
-T_VNNI static inline __m256i block_vnni(const int8_t *w, const int8_t *x, int q41) {
-    const __m256i wv = _mm256_loadu_si256((const __m256i *)w), xv = _mm256_loadu_si256((const __m256i *)x);
-    const __m256i z = _mm256_setzero_si256();
-    return q41 ? _mm256_dpbusd_epi32(z, wv, xv) : _mm256_dpbusd_epi32(z, _mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
-}
-
-T_VNNI static float dot_q_vnni(int q41, const int8_t *wq, const float *dw, const float *mw, const int8_t *xq,
-                               const float *dx, const float *sx, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        __m256i s[8];
-        for (int j = 0; j < 8; j++) s[j] = block_vnni(wq + (b + j) * HR_QK, xq + (b + j) * HR_QK, q41);
-        HR_BLOCK_FP32(reduce8(s));
-    }
-    float a[8];
-    _mm256_storeu_ps(a, acc);
-    for (; b < nb; b++) HR_TAIL_FP32(hsum_i32(block_vnni(wq + b * HR_QK, xq + b * HR_QK, q41)));
-    return lane_sum8(a);
-}
+HR_ROW_Q(row_q_avx2, T_AVX2, HR_DOT_AVX2)
+HR_ROW_Q(row_q_vnni, T_VNNI, HR_DOT_VNNI)
 #endif
 
 /* rows [n0, n1) of y for every activation row, on path `isa` */
@@ -287,7 +287,15 @@ static void gemm_rows(const hr_qtensor *w, const hr_qact *a, float *y, int64_t l
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = w->data + n * rb;
 #if HR_X86
-        if (isa != HR_ISA_SCALAR) unpack_avx2(w, row, wq, dw, mw, wf);
+        if (!plain && isa == HR_ISA_AVX512VNNI) {
+            row_q_vnni(w, row, a, y, ldy, n, accumulate);
+            continue;
+        }
+        if (!plain && isa == HR_ISA_AVX2) {
+            row_q_avx2(w, row, a, y, ldy, n, accumulate);
+            continue;
+        }
+        if (isa != HR_ISA_SCALAR) unpack_plain_avx2(w, row, wf);
         else
 #endif
             unpack_scalar(w, row, wq, dw, mw, wf);
@@ -302,12 +310,7 @@ static void gemm_rows(const hr_qtensor *w, const hr_qact *a, float *y, int64_t l
             } else {
                 const int8_t *xq = a->q + i * k;
                 const float *dx = a->d + i * nb, *sx = a->s + i * nb;
-#if HR_X86
-                if (isa == HR_ISA_AVX512VNNI) v = dot_q_vnni(q41, wq, dw, mw, xq, dx, sx, nb);
-                else if (isa == HR_ISA_AVX2) v = dot_q_avx2(q41, wq, dw, mw, xq, dx, sx, nb);
-                else
-#endif
-                    v = dot_q_scalar(q41, wq, dw, mw, xq, dx, sx, nb);
+                v = dot_q_scalar(q41, wq, dw, mw, xq, dx, sx, nb);
             }
             float *out = y + i * ldy + n;
             *out = accumulate ? *out + v : v;
