@@ -10,11 +10,13 @@ shared machine hits every server alike), runs
 
   headroom bench URL -m smollm2 -p openai-chat --workload jsonl --concurrency C --ignore-eos ...
 
-with one seeded set of chat prompts of ~100 tokens (chat template included, counted with the model's
-tokenizer), max_tokens 64, greedy. The load is CLOSED-LOOP (C streams, each sends its next request when the
+with seeded chat prompts of ~100 tokens (chat template included, counted with the model's tokenizer),
+max_tokens 64, greedy, FRESH for every level and round (serving_prompts.py; the same set for every server), by
+default 16 / 200 / 200 requests at 1 / 8 / 32 streams, plus a 1-stream level of ~1000-token prompts (TTFT of a
+long prompt, `--long-prompt-tokens`). The load is CLOSED-LOOP (C streams, each sends its next request when the
 previous one ends): what "C concurrent streams" means; every result says closed-loop.
 
-Every run's JSON goes to benchmarks/results/llm_serving_<date>/cCC_<n>-<server>_r<round>.json; the summary
+Every run's JSON goes to benchmarks/results/llm_serving_<date>/<level>_<n>-<server>_r<round>.json; the summary
 (medians over rounds of output tokens/s, TTFT and TPOT p50/p99, ratios of headroom to each peer, `uptime`
 before and after) to benchmarks/results/llm_serving_<date>_summary.json.
 
@@ -61,14 +63,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import yaml
 from rich.console import Console
 
 from headroom.llm.offline import DEFAULT_MODEL
-from headroom.llm.tokenizer import Tokenizer
-from headroom.llm.weights import load_checkpoint, resolve_model_path
-from headroom.loadgen.workloads import WorkloadSpec, make_workload
+from headroom.llm.weights import resolve_model_path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serving_prompts import level_seed, make_prompts  # a sibling script module
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -109,37 +111,6 @@ def find_llama_server(given: str) -> Path | None:
                     link.symlink_to(lib.name)
             return binary
     return None
-
-
-def make_prompts(path: Path, count: int, target_tokens: int, max_tokens: int, seed: int) -> dict[str, float]:
-    """A seeded JSONL of chat requests (greedy, ignore_eos) whose chat-templated prompt is ~target_tokens tokens
-    (counted with the model's tokenizer); returns the prompt length stats."""
-    tok = Tokenizer(load_checkpoint(DEFAULT_MODEL).tokenizer)
-    spec = WorkloadSpec(kind="chat", num_samples=count, input_len_mean=target_tokens, input_len_std=0)
-    samples = make_workload(spec, np.random.default_rng(seed))
-    lengths, lines = [], []
-    for s in samples:
-        words = s.text.split()
-
-        def n_tokens(k: int, words: list[str] = words) -> int:
-            text = " ".join(words[:k])
-            return len(tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]), False))
-
-        lo, hi = 1, len(words)  # the largest word count whose prompt stays within target_tokens
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if n_tokens(mid) <= target_tokens else (lo, mid - 1)
-        lengths.append(n_tokens(lo))
-        # The whole body, so every server gets temperature 0 (OpenAI's default is 1, llama-server's 0.8).
-        message = {"role": "user", "content": " ".join(words[:lo])}
-        body = {"messages": [message], "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-        lines.append(json.dumps({"body": body}))
-    path.write_text("\n".join(lines) + "\n")
-    return {
-        "prompt_tokens_mean": float(np.mean(lengths)),
-        "prompt_tokens_min": float(min(lengths)),
-        "prompt_tokens_max": float(max(lengths)),
-    }
 
 
 def servers(args: argparse.Namespace, llama: Path | None) -> list[Server]:
@@ -272,7 +243,7 @@ def load_average() -> list[float]:
 
 
 def bench(
-    server: Server, streams: int, queries: int, dataset: Path, out: Path, args: argparse.Namespace
+    server: Server, streams: int, queries: int, dataset: Path, out: Path, args: argparse.Namespace, max_tokens: int
 ) -> dict[str, Any]:
     cmd = [
         HEADROOM,
@@ -295,7 +266,7 @@ def bench(
         "1800",
         "--ignore-eos",
         "--max-tokens",
-        str(args.max_tokens),
+        str(max_tokens),
         "--warmup",
         "1",
         "--seed",
@@ -337,7 +308,7 @@ def headline(result: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def summarise(rows: dict[str, dict[int, list[dict[str, float]]]]) -> dict[str, Any]:
+def summarise(rows: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str, Any]:
     medians: dict[str, dict[str, dict[str, float]]] = {}
     for name, levels in rows.items():
         medians[name] = {
@@ -363,7 +334,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", default=",".join(SERVERS), help="comma-separated: " + ", ".join(SERVERS))
     ap.add_argument("--streams", default="1,8,32", help="concurrency levels (closed-loop streams)")
-    ap.add_argument("--queries", default="6,16,32", help="requests per level (same order as --streams)")
+    ap.add_argument("--queries", default="16,200,200", help="requests per level (same order as --streams)")
     ap.add_argument(
         "--hf-one-max-streams",
         type=int,
@@ -374,6 +345,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved repeats (medians are reported)")
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument(
+        "--long-prompt-tokens", type=int, default=1000,
+        help="also a 1-stream level of prompts this long (TTFT of a long prompt; 0 = none)",
+    )  # fmt: skip
+    ap.add_argument("--long-queries", type=int, default=8, help="requests of the long-prompt level")
     ap.add_argument("--threads", type=int, default=2, help="threads for transformers (and llama-server by default)")
     ap.add_argument("--llama-threads", type=int, default=0, help="llama-server -t (0 = --threads)")
     ap.add_argument(
@@ -414,9 +390,21 @@ def main() -> None:
         raise SystemExit("--queries needs one count per --streams level")
     out_dir = Path(args.out) / f"llm_serving_{args.date}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    dataset = out_dir.parent / f"llm_serving_{args.date}_prompts.jsonl"
-    prompt_stats = make_prompts(dataset, max(queries) + 8, args.prompt_tokens, args.max_tokens, args.seed)
-    console.print(f"prompts: {prompt_stats}")
+    # (label, streams, queries, prompt tokens, max tokens): the levels, each with fresh prompts every round
+    levels = [(str(c), c, n, args.prompt_tokens, args.max_tokens) for c, n in zip(streams, queries, strict=True)]
+    if args.long_prompt_tokens > 0:
+        levels.append((f"long{args.long_prompt_tokens}", 1, args.long_queries, args.long_prompt_tokens, 16))
+    prompt_dir = out_dir / "prompts"
+    prompt_dir.mkdir(exist_ok=True)
+    prompt_stats: dict[str, dict[str, float]] = {}
+    datasets: dict[tuple[str, int], Path] = {}
+    for rnd in range(1, args.rounds + 1):
+        for label, _, n, tokens, max_tokens in levels:
+            path = prompt_dir / f"{label}_r{rnd}.jsonl"
+            stats = make_prompts(path, n + 2, tokens, max_tokens, level_seed(args.seed, label, rnd))
+            datasets[(label, rnd)] = path
+            prompt_stats[f"{label}_r{rnd}"] = stats
+    console.print(f"prompts: {len(datasets)} fresh sets in {prompt_dir}")
     llama = find_llama_server(args.llama_server)
     args.headroom_repo = Path(tempfile.mkdtemp(prefix="llm_serving_repo_"))
     headroom_overrides = headroom_repository(args.headroom_repo, args.headroom_weight_dtype, args.headroom_threads)
@@ -432,7 +420,7 @@ def main() -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="llm_serving_logs_"))
     console.print(f"server logs: {log_dir}")
     procs = {s.name: start(s, log_dir) for s in chosen}
-    rows: dict[str, dict[int, list[dict[str, float]]]] = {}
+    rows: dict[str, dict[str, list[dict[str, float]]]] = {}
     started = time.monotonic()
     load_start = load_average()
     try:
@@ -440,15 +428,15 @@ def main() -> None:
             wait_ready(s, procs[s.name], 600)
             console.print(f"{s.name} ready at {s.url}")
         for rnd in range(1, args.rounds + 1):
-            for c, n in zip(streams, queries, strict=True):
+            for label, c, n, _, max_tokens in levels:
                 for s in chosen:
                     if s.name == "hf-one" and c > args.hf_one_max_streams:
                         continue
-                    out = out_dir / f"c{c:02d}_{order[s.name]}-{s.name}_r{rnd}.json"
-                    h = headline(bench(s, c, n, dataset, out, args))
-                    rows.setdefault(s.name, {}).setdefault(c, []).append(h)
+                    out = out_dir / f"{label}_{order[s.name]}-{s.name}_r{rnd}.json"
+                    h = headline(bench(s, c, n, datasets[(label, rnd)], out, args, max_tokens))
+                    rows.setdefault(s.name, {}).setdefault(label, []).append(h)
                     console.print(
-                        f"round {rnd} c={c:2d} {s.name:9s} {h['output_tokens_per_s']:7.1f} tok/s  TTFT p50 "
+                        f"round {rnd} {label:>8s} {s.name:9s} {h['output_tokens_per_s']:7.1f} tok/s  TTFT p50 "
                         f"{h['ttft_p50_ms']:8.1f} p99 {h['ttft_p99_ms']:8.1f} ms  TPOT p50 {h['tpot_p50_ms']:6.1f} "
                         f"p99 {h['tpot_p99_ms']:6.1f} ms  load {os.getloadavg()[0]:.1f}"
                     )
@@ -461,11 +449,14 @@ def main() -> None:
         "command": " ".join(sys.argv),
         "load": "closed-loop: C streams, each sends its next request when the previous ends",
         "workload": {
-            "prompts": str(dataset.relative_to(ROOT)) if dataset.is_relative_to(ROOT) else str(dataset),
+            "prompts": str(prompt_dir.relative_to(ROOT)) if prompt_dir.is_relative_to(ROOT) else str(prompt_dir),
+            "fresh_prompts": "a new seeded set per (level, round); the same set for every server",
+            "levels": [{"label": lb, "streams": c, "queries": n, "prompt_tokens": t, "max_tokens": m}
+                       for lb, c, n, t, m in levels],
             "max_tokens": args.max_tokens,
             "ignore_eos": True,
             "temperature": 0,
-            **prompt_stats,
+            "prompt_stats": prompt_stats,
         },
         "servers": {s.name: " ".join(s.cmd) for s in chosen},
         "headroom_config_overrides": headroom_overrides,  # over models/smollm2/config.yaml's parameters
