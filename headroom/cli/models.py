@@ -1,4 +1,4 @@
-"""`headroom models list | add | pull`: look after a model repository (no network).
+"""`headroom models list | add | pull | quality`: look after a model repository (no network).
 
     headroom models list                                  # the repository's models, sizes, pins, drift refs
     headroom models list --url http://127.0.0.1:8000      # + what a running server has loaded
@@ -6,6 +6,7 @@
     headroom models add echo --python echo.py --input x:FP32:2 --output y:FP32:2
     headroom models pull digits                           # a packaged default, built here
     headroom models pull /path/to/model_dir --name other  # copy a model directory
+    headroom models quality smollm2                       # an LLM's quality gate: native vs fp32 perplexity
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 app = typer.Typer(help="Manage the model repository: list its models, add one from an ONNX file or a Python "
-                  "class, pull a packaged default or a local model directory.", no_args_is_help=True)
+                  "class, pull a packaged default or a local model directory, gate an LLM's quantised weights.",
+                  no_args_is_help=True)
 
 REPOSITORY_HELP = "Model repository directory (the one `headroom serve --model-repository` reads)."
 
