@@ -125,8 +125,9 @@ T_AVX2 static float dot_f32_avx2(const float *x, const float *w, int64_t k) {
  * Q8_0's bytes. */
 T_AVX2 static inline __m256i load_block(const uint8_t *blk, int64_t fmt) {
     if (fmt == HR_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
-    const __m128i v = _mm_loadu_si128((const __m128i *)(blk + (fmt == HR_Q4_1 ? 4 : 2))), low = _mm_set1_epi8(15);
-    const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+    /* the 16 bytes in both halves, the high half shifted right by 4, then the low nibble of every byte */
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + (fmt == HR_Q4_1 ? 4 : 2))));
+    const __m256i q = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
     return fmt == HR_Q4_0 ? _mm256_sub_epi8(q, _mm256_set1_epi8(8)) : q;
 }
 
