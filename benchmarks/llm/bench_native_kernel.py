@@ -57,11 +57,16 @@ def load_native(spec: str) -> NativeDecoderWeights:
 
     layers = tuple(
         NativeLayerWeights(
-            vec(f"blk.{i}.attn_norm.weight"), vec(f"blk.{i}.ffn_norm.weight"),
-            q(f"blk.{i}.attn_q.weight", cfg.num_attention_heads), q(f"blk.{i}.attn_k.weight", cfg.num_key_value_heads),
-            q(f"blk.{i}.attn_v.weight"), q(f"blk.{i}.attn_output.weight"), q(f"blk.{i}.ffn_gate.weight"),
-            q(f"blk.{i}.ffn_up.weight"), q(f"blk.{i}.ffn_down.weight"),
-        )  # fmt: skip
+            vec(f"blk.{i}.attn_norm.weight"),
+            vec(f"blk.{i}.ffn_norm.weight"),
+            q(f"blk.{i}.attn_q.weight", cfg.num_attention_heads),
+            q(f"blk.{i}.attn_k.weight", cfg.num_key_value_heads),
+            q(f"blk.{i}.attn_v.weight"),
+            q(f"blk.{i}.attn_output.weight"),
+            q(f"blk.{i}.ffn_gate.weight"),
+            q(f"blk.{i}.ffn_up.weight"),
+            q(f"blk.{i}.ffn_down.weight"),
+        )
         for i in range(cfg.num_hidden_layers)
     )
     embed = q("token_embd.weight")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 KERNEL_DIR = Path(__file__).parent
 SOURCE_NAMES = (
-    "common.h", "paged_attention.c", "native.h", "native_gemm.c", "native_step.c",
+    "common.h", "paged_attention.c", "native.h", "native_quant.c", "native_gemm.c", "native_step.c",
 )  # fmt: skip  # hashed; the .c files are compiled
 BASELINE_PREFIX = "native"  # sources compiled without arch_flags (run-time ISA dispatch inside)
 BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")

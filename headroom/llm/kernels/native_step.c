@@ -48,11 +48,36 @@ static void rms_norm(const float *x, int64_t n, const float *w, float eps, float
 }
 
 /* rows of src [T, k] -> an activation (x and its q8 quantisation), split over the team */
-static void quantize_team(const float *src, int64_t t_count, int64_t k, hr_qact *a, int8_t *q, float *d, float *s) {
-    a->x = src, a->q = q, a->d = d, a->s = s, a->m = t_count, a->k = k;
+static void quantize_team(const float *src, int64_t t_count, int64_t k, hr_qact *a, int8_t *q, int8_t *qt, float *d,
+                          float *s, int64_t isa) {
+    a->x = src, a->q = q, a->qt = qt, a->d = d, a->s = s, a->m = t_count, a->k = k;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < t_count; t++)
-        hr_quantize_rows(src + t * k, 1, k, q + t * k, d + t * (k / HR_QK), s + t * (k / HR_QK));
+        hr_quantize_rows_isa(src + t * k, 1, k, q + t * k, d + t * (k / HR_QK), s + t * (k / HR_QK), qt + t * k, isa);
+}
+
+/* g[i] = silu(g[i]) * u[i] over one row: 8 at a time with the vector exp on a SIMD path, libm's expf otherwise and
+ * for the tail (each element's ops depend only on its index and the path) */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+HR_T_AVX2 static int64_t silu_mul_avx2(float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        const __m256 sv = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(sv, _mm256_loadu_ps(u + i)));
+    }
+    return i;
+}
+#endif
+
+static void silu_mul(float *g, const float *u, int64_t n, int64_t isa) {
+    int64_t i = 0;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (isa != HR_ISA_SCALAR) i = silu_mul_avx2(g, u, n);
+#endif
+    (void)isa;
+    for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 static int check_step(const hr_native_model *m, int64_t T, const int64_t *ids, const int64_t *pos,
@@ -93,9 +118,9 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
     float *d = malloc((size_t)(T * wide / HR_QK + 1) * sizeof(float));
     float *s = malloc((size_t)(T * wide / HR_QK + 1) * sizeof(float)), *fin = malloc((size_t)(R * H) * sizeof(float));
     int64_t *slot = malloc((size_t)T * sizeof(int64_t));
-    int8_t *q8 = malloc((size_t)(T * wide));
+    int8_t *q8 = malloc((size_t)(T * wide)), *q8t = malloc((size_t)(T * wide));
     int rc = 0;
-    if (!h || !xn || !qb || !kb || !vb || !qr || !g || !u || !d || !s || !fin || !slot || !q8) {
+    if (!h || !xn || !qb || !kb || !vb || !qr || !g || !u || !d || !s || !fin || !slot || !q8 || !q8t) {
         rc = -1;
         goto done;
     }
@@ -120,7 +145,7 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
             const hr_native_layer *ly = &m->layers[l];
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < T; t++) rms_norm(h + t * H, H, ly->input_norm, m->eps, xn + t * H);
-            quantize_team(xn, T, H, &a, q8, d, s);
+            quantize_team(xn, T, H, &a, q8, q8t, d, s, isa);
             hr_gemm_team(&ly->q, &a, qb, hd, 0, isa);
             hr_gemm_team(&ly->k, &a, kb, kvd, 0, isa);
             hr_gemm_team(&ly->v, &a, vb, kvd, 0, isa);
@@ -145,31 +170,27 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
                               ly->v_cache + kh * m->num_slots * D, tables + seq_of[t] * max_blocks, pos[t] + 1, bs,
                               group, D, scale, qb + t * hd + kh * group * D, vec);
             }
-            quantize_team(qb, T, hd, &a, q8, d, s);
+            quantize_team(qb, T, hd, &a, q8, q8t, d, s, isa);
             hr_gemm_team(&ly->o, &a, h, H, 1, isa);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < T; t++) rms_norm(h + t * H, H, ly->post_norm, m->eps, xn + t * H);
-            quantize_team(xn, T, H, &a, q8, d, s);
+            quantize_team(xn, T, H, &a, q8, q8t, d, s, isa);
             hr_gemm_team(&ly->gate, &a, g, I, 0, isa);
             hr_gemm_team(&ly->up, &a, u, I, 0, isa);
 #pragma omp for schedule(static)
-            for (int64_t t = 0; t < T; t++)
-                for (int64_t i = 0; i < I; i++) {
-                    const float gv = g[t * I + i];
-                    g[t * I + i] = gv / (1.0f + expf(-gv)) * u[t * I + i];
-                }
-            quantize_team(g, T, I, &a, q8, d, s);
+            for (int64_t t = 0; t < T; t++) silu_mul(g + t * I, u + t * I, I, isa);
+            quantize_team(g, T, I, &a, q8, q8t, d, s, isa);
             hr_gemm_team(&ly->down, &a, h, H, 1, isa);
         }
         if (num_logits > 0) {
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < num_logits; r++) rms_norm(h + logit_rows[r] * H, H, m->final_norm, m->eps, fin + r * H);
-            quantize_team(fin, num_logits, H, &a, q8, d, s);
+            quantize_team(fin, num_logits, H, &a, q8, q8t, d, s, isa);
             hr_gemm_team(&m->lm_head, &a, logits, m->vocab, 0, isa);
         }
     }
 done:
     free(h), free(xn), free(qb), free(kb), free(vb), free(qr), free(g), free(u), free(d), free(s), free(fin);
-    free(slot), free(q8);
+    free(slot), free(q8), free(q8t);
     return rc;
 }

@@ -10,7 +10,7 @@ import pytest
 from headroom.llm import quant_blocks as qb
 from headroom.llm.kernels.native_gemm import ISA_ENV, native_gemm, resolve_isa, supported_isas
 
-# (M, N, K): ragged M and N (M past the 64-row tile), K with a block tail (K/32 not a multiple of 8), tiny and wider shapes
+# (M, N, K): ragged M and N (M past the 64-row tile), K with a block tail (K/32 not a multiple of 8)
 SHAPES = [(1, 1, 32), (3, 17, 96), (5, 33, 288), (8, 40, 576), (33, 7, 1056), (2, 19, 40), (70, 9, 288)]
 
 
