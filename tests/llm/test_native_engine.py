@@ -72,6 +72,7 @@ def test_default_serves_the_gguf_natively_close_to_the_fp32_reference(
     assert isinstance(engine.runner, NativeRunner)
     assert report.weight_format == "gguf:Q4_1+Q8_0"
     assert not any(stage.startswith("convert_gguf_fp32") for stage in report.stages_s)  # no fp32 copy made
+    assert report.quality.startswith("quality of gguf:Q4_1+Q8_0")  # what the server logs at start
     prompt = _prompt(engine, CHATS[0])
     item = BatchItem("p", tuple(prompt), 0, tuple(range(-(-len(prompt) // 16))), True, num_logits=len(prompt))
     native = engine.runner.execute(ModelBatch((item,), 16))
