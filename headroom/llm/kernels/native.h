@@ -41,7 +41,8 @@ void hr_quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *d,
 void hr_quantize_rows_isa(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s, int8_t *qt,
                           int64_t isa);
 /* y[i, n] (= or +=) a_i . W_n for every row i < a->m and every n, split over the enclosing OpenMP team (orphaned
- * `omp for`; call from every thread of the team, or from one thread outside any region). */
+ * `omp for nowait`: call from every thread of the team, then `omp barrier` before reading y; or from one thread
+ * outside any region). */
 void hr_gemm_team(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate, int64_t isa);
 /* 0 when w is a well-formed tensor this library can run on path isa, else -2 */
 int hr_check_tensor(const hr_qtensor *w, int64_t isa);

@@ -274,7 +274,7 @@ void hr_gemm_team(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, 
     _Alignas(64) float wf[HR_MAX_COLS];
     float dw[HR_MAX_COLS / HR_QK], mw[HR_MAX_COLS / HR_QK];
     const int64_t chunks = (w->rows + HR_ROWS_PER_CHUNK - 1) / HR_ROWS_PER_CHUNK;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t c = 0; c < chunks; c++) {
         const int64_t n0 = c * HR_ROWS_PER_CHUNK, n1 = n0 + HR_ROWS_PER_CHUNK < w->rows ? n0 + HR_ROWS_PER_CHUNK : w->rows;
         gemm_rows(w, a, y, ldy, accumulate, isa, n0, n1, wq, dw, mw, wf);

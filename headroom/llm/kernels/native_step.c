@@ -47,13 +47,36 @@ static void rms_norm(const float *x, int64_t n, const float *w, float eps, float
     for (int64_t i = 0; i < n; i++) y[i] = x[i] * r * w[i];
 }
 
-/* rows of src [T, k] -> an activation (x and its q8 quantisation), split over the team */
-static void quantize_team(const float *src, int64_t t_count, int64_t k, hr_qact *a, int8_t *q, int8_t *qt, float *d,
-                          float *s, int64_t isa) {
-    a->x = src, a->q = q, a->qt = qt, a->d = d, a->s = s, a->m = t_count, a->k = k;
+/* where a step's activations are quantised (q8 values, the VNNI path's transposed copy, block scales and sums) */
+typedef struct {
+    int8_t *q, *qt;
+    float *d, *s;
+} act_bufs;
+
+static void bind(hr_qact *a, const float *x, int64_t m, int64_t k, const act_bufs *b) {
+    a->x = x, a->q = b->q, a->qt = b->qt, a->d = b->d, a->s = b->s, a->m = m, a->k = k;
+}
+
+static void quantize_row_t(const float *x, int64_t t, int64_t k, const act_bufs *b, int64_t isa) {
+    hr_quantize_rows_isa(x + t * k, 1, k, b->q + t * k, b->d + t * (k / HR_QK), b->s + t * (k / HR_QK), b->qt + t * k, isa);
+}
+
+/* rows of src [T, k] -> an activation, split over the team (implicit barrier at the end) */
+static void quantize_team(const float *src, int64_t T, int64_t k, hr_qact *a, const act_bufs *b, int64_t isa) {
+    bind(a, src, T, k, b);
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < t_count; t++)
-        hr_quantize_rows_isa(src + t * k, 1, k, q + t * k, d + t * (k / HR_QK), s + t * (k / HR_QK), qt + t * k, isa);
+    for (int64_t t = 0; t < T; t++) quantize_row_t(src, t, k, b, isa);
+}
+
+/* RMSNorm of h's rows into xn, quantised in the same pass */
+static void norm_quantize_team(const float *h, int64_t T, int64_t k, const float *w, float eps, float *xn, hr_qact *a,
+                               const act_bufs *b, int64_t isa) {
+    bind(a, xn, T, k, b);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        rms_norm(h + t * k, k, w, eps, xn + t * k);
+        quantize_row_t(xn, t, k, b, isa);
+    }
 }
 
 /* g[i] = silu(g[i]) * u[i] over one row: 8 at a time with the vector exp on a SIMD path, libm's expf otherwise and
@@ -78,6 +101,17 @@ static void silu_mul(float *g, const float *u, int64_t n, int64_t isa) {
 #endif
     (void)isa;
     for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* silu(g) * u in place over g's rows, quantised in the same pass */
+static void silu_quantize_team(float *g, const float *u, int64_t T, int64_t k, hr_qact *a, const act_bufs *b,
+                               int64_t isa) {
+    bind(a, g, T, k, b);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        silu_mul(g + t * k, u + t * k, k, isa);
+        quantize_row_t(g, t, k, b, isa);
+    }
 }
 
 static int check_step(const hr_native_model *m, int64_t T, const int64_t *ids, const int64_t *pos,
@@ -134,6 +168,7 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
             }
     }
     for (int64_t t = 0; t < T; t++) slot[t] = tables[seq_of[t] * max_blocks + pos[t] / bs] * bs + pos[t] % bs;
+    const act_bufs bufs = {q8, q8t, d, s};
     const float scale = 1.0f / sqrtf((float)D);
     const int vec = isa != HR_ISA_SCALAR && hr_has_avx2() && D % 8 == 0;
 #pragma omp parallel num_threads((int)num_threads)
@@ -143,12 +178,11 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
         for (int64_t t = 0; t < T; t++) hr_dequantize_row(&m->embed, ids[t], h + t * H);
         for (int64_t l = 0; l < m->num_layers; l++) {
             const hr_native_layer *ly = &m->layers[l];
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < T; t++) rms_norm(h + t * H, H, ly->input_norm, m->eps, xn + t * H);
-            quantize_team(xn, T, H, &a, q8, q8t, d, s, isa);
-            hr_gemm_team(&ly->q, &a, qb, hd, 0, isa);
+            norm_quantize_team(h, T, H, ly->input_norm, m->eps, xn, &a, &bufs, isa);
+            hr_gemm_team(&ly->q, &a, qb, hd, 0, isa); /* q, k, v: no barrier between (independent outputs) */
             hr_gemm_team(&ly->k, &a, kb, kvd, 0, isa);
             hr_gemm_team(&ly->v, &a, vb, kvd, 0, isa);
+#pragma omp barrier
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < T; t++) {
                 float *qt = qb + t * hd, *kt = kb + t * kvd, *vt = vb + t * kvd;
@@ -170,22 +204,21 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
                               ly->v_cache + kh * m->num_slots * D, tables + seq_of[t] * max_blocks, pos[t] + 1, bs,
                               group, D, scale, qb + t * hd + kh * group * D, vec);
             }
-            quantize_team(qb, T, hd, &a, q8, q8t, d, s, isa);
+            quantize_team(qb, T, hd, &a, &bufs, isa);
             hr_gemm_team(&ly->o, &a, h, H, 1, isa);
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < T; t++) rms_norm(h + t * H, H, ly->post_norm, m->eps, xn + t * H);
-            quantize_team(xn, T, H, &a, q8, q8t, d, s, isa);
+#pragma omp barrier
+            norm_quantize_team(h, T, H, ly->post_norm, m->eps, xn, &a, &bufs, isa);
             hr_gemm_team(&ly->gate, &a, g, I, 0, isa);
             hr_gemm_team(&ly->up, &a, u, I, 0, isa);
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < T; t++) silu_mul(g + t * I, u + t * I, I, isa);
-            quantize_team(g, T, I, &a, q8, q8t, d, s, isa);
+#pragma omp barrier
+            silu_quantize_team(g, u, T, I, &a, &bufs, isa);
             hr_gemm_team(&ly->down, &a, h, H, 1, isa);
+#pragma omp barrier
         }
         if (num_logits > 0) {
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < num_logits; r++) rms_norm(h + logit_rows[r] * H, H, m->final_norm, m->eps, fin + r * H);
-            quantize_team(fin, num_logits, H, &a, q8, q8t, d, s, isa);
+            quantize_team(fin, num_logits, H, &a, &bufs, isa);
             hr_gemm_team(&m->lm_head, &a, logits, m->vocab, 0, isa);
         }
     }
