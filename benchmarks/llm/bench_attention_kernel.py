@@ -1,7 +1,7 @@
 """Decode-step time with the C paged-attention kernel vs the torch attention path, interleaved A/B.
 
     .venv/bin/python benchmarks/llm/bench_attention_kernel.py --threads 2,1 --batch 1,32 --repeats 3 \\
-        --weight-dtype int8 --out benchmarks/results/llm_attention_kernel_2026-11-30.json
+        --weight-dtype fp32 --out benchmarks/results/llm_attention_kernel_2026-11-30.json
 
 Each (repeat, threads, backend) runs `profile_step.py` in a fresh process (backends alternate, so slow drift of
 the machine's load hits both alike) and records its median decode-step time per batch size and `uptime`.
@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--batch", default="1,32", help="comma-separated batch sizes")
     ap.add_argument("--repeats", type=int, default=3, help="runs per (threads, backend)")
     ap.add_argument("--steps", type=int, default=10, help="decode steps timed per run (median kept)")
-    ap.add_argument("--weight-dtype", default="int8", help="EngineConfig.weight_dtype ('' = default)")
+    ap.add_argument("--weight-dtype", default="fp32", help="EngineConfig.weight_dtype (the kernel serves fp32 mode)")
     ap.add_argument("--out", type=Path, default=None, help="write the JSON here (default: print it)")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]

@@ -3,7 +3,7 @@ against HF transformers one request at a time and padded static batching; prefix
 
     .venv/bin/python benchmarks/llm/bench_engine.py                       # everything (several minutes)
     .venv/bin/python benchmarks/llm/bench_engine.py --streams 1,8 --max-tokens 32 --skip-hf
-    .venv/bin/python benchmarks/llm/bench_engine.py --weight-dtype auto,int8 --repeats 3 --num-threads 2
+    .venv/bin/python benchmarks/llm/bench_engine.py --weight-dtype native,fp32 --repeats 3 --num-threads 2
 
 With several `--weight-dtype` values the engine is measured for each, and the greedy outputs of the later
 ones are compared token by token with the first (`agreement`: streams identical, mean common prefix).
@@ -217,7 +217,7 @@ def main() -> None:
     ap.add_argument("--skip-extras", action="store_true", help="skip prefix-cache and cold-start measurements")
     ap.add_argument("--num-threads", type=int, default=0, help="torch CPU threads (0 = default)")
     ap.add_argument(
-        "--weight-dtype", default="auto", help="comma-separated EngineConfig.weight_dtype values: auto (fp32), int8"
+        "--weight-dtype", default="auto", help="comma-separated weight_dtype values: auto (native on CPU), native, fp32"
     )
     ap.add_argument("--repeats", type=int, default=1, help="runs per measurement; the median is reported")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="directory for the JSON result")

@@ -1,7 +1,7 @@
 """Time (and optionally profile) one engine decode step at a given batch size on SmolLM2.
 
-    .venv/bin/python benchmarks/llm/profile_step.py --batch 1,32 --num-threads 1 [--profile] [--weight-dtype int8]
-        [--attention-backend torch] [--decode-backend torch]
+    .venv/bin/python benchmarks/llm/profile_step.py --batch 1,32 --num-threads 1 [--profile] [--weight-dtype fp32]
+        [--attention-backend torch]
 
 Prompts of ~100 tokens are prefilled first; then `--steps` decode steps are timed (median reported), in
 wall time and in this process's CPU time (steadier than wall time on a shared, oversubscribed machine).
@@ -26,20 +26,13 @@ def main() -> None:
     ap.add_argument("--batch", default="1,32", help="comma-separated batch sizes (concurrent sequences)")
     ap.add_argument("--num-threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--steps", type=int, default=10, help="decode steps timed per batch size")
-    ap.add_argument("--weight-dtype", default="", help="EngineConfig.weight_dtype (e.g. int8); empty = default")
+    ap.add_argument("--weight-dtype", default="", help="EngineConfig.weight_dtype (native or fp32); empty = default")
     ap.add_argument(
         "--attention-backend",
         default="auto",
         choices=("auto", "torch", "kernel"),
         help="EngineConfig.attention_backend: the C paged-attention kernel (auto/kernel) or torch ops",
     )
-    ap.add_argument(
-        "--decode-backend",
-        default="auto",
-        choices=("auto", "torch", "kernel"),
-        help="EngineConfig.decode_backend: small int8 decode steps as one C call (auto/kernel) or torch modules",
-    )
-    ap.add_argument("--kernel-decode-max-seqs", type=int, default=4, help="EngineConfig.kernel_decode_max_seqs")
     ap.add_argument("--profile", action="store_true", help="print a torch.profiler table of one step")
     args = ap.parse_args()
     kw: dict[str, object] = {
@@ -47,8 +40,6 @@ def main() -> None:
         "max_num_seqs": 64,
         "kv_cache_memory_mb": 512,
         "attention_backend": args.attention_backend,
-        "decode_backend": args.decode_backend,
-        "kernel_decode_max_seqs": args.kernel_decode_max_seqs,
     }
     if args.weight_dtype:
         kw["weight_dtype"] = args.weight_dtype

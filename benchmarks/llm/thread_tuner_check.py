@@ -1,6 +1,6 @@
 """Which thread count the per-step tuner (`num_threads: 0`, headroom.llm.threads) picks for one sequence's decode.
 
-    .venv/bin/python benchmarks/llm/thread_tuner_check.py                  # int8, 400 steps
+    .venv/bin/python benchmarks/llm/thread_tuner_check.py                  # the native default, 400 steps
     .venv/bin/python benchmarks/llm/thread_tuner_check.py --weight-dtype auto --steps 200
 
 Runs one greedy sequence through the engine in this process and prints how many steps ran on each thread
@@ -25,7 +25,7 @@ from headroom.llm.runner import TorchRunner
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--weight-dtype", default="int8")
+    ap.add_argument("--weight-dtype", default="auto")
     ap.add_argument("--steps", type=int, default=400)
     args = ap.parse_args()
     cfg = EngineConfig(num_threads=0, kv_cache_memory_mb=256, weight_dtype=args.weight_dtype)

@@ -1,4 +1,4 @@
-"""`headroom models list | add | pull`: look after a model repository (no network).
+"""`headroom models list | add | pull | quality`: look after a model repository (no network).
 
     headroom models list                                  # the repository's models, sizes, pins, drift refs
     headroom models list --url http://127.0.0.1:8000      # + what a running server has loaded
@@ -6,18 +6,22 @@
     headroom models add echo --python echo.py --input x:FP32:2 --output y:FP32:2
     headroom models pull digits                           # a packaged default, built here
     headroom models pull /path/to/model_dir --name other  # copy a model directory
+    headroom models quality smollm2                       # an LLM's quality gate: native vs fp32 perplexity
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 app = typer.Typer(help="Manage the model repository: list its models, add one from an ONNX file or a Python "
-                  "class, pull a packaged default or a local model directory.", no_args_is_help=True)
+                  "class, pull a packaged default or a local model directory, gate an LLM's quantised weights.",
+                  no_args_is_help=True)
 
 REPOSITORY_HELP = "Model repository directory (the one `headroom serve --model-repository` reads)."
 
@@ -51,6 +55,20 @@ def _server_states(url: str) -> dict[str, str]:
     return {name: ", ".join(values) for name, values in states.items()}
 
 
+def _weights(backend: str, parameters: Mapping[str, Any]) -> str:
+    """An LLM's weight format as served ("gguf:Q4_1+Q8_0" native, "fp32" reference); "" for other backends."""
+    if backend != "llm":
+        return ""
+    from headroom.llm.config import EngineConfig
+    from headroom.llm.offline import DEFAULT_MODEL, describe_weights
+
+    try:
+        spec = str(parameters.get("model") or parameters.get("gguf") or DEFAULT_MODEL)
+        return describe_weights(spec, EngineConfig.from_parameters(parameters))
+    except ValueError as exc:
+        return f"[red]{exc}[/]"
+
+
 @app.command("list")
 def list_models(
     model_repository: Path = typer.Option(Path("models"), help=REPOSITORY_HELP),
@@ -67,18 +85,18 @@ def list_models(
         raise _fail(str(exc)) from None
     states = _server_states(url) if url else {}
     table = Table(title=f"models in {model_repository}")
-    for column in ("name", "backend", "versions", "MiB", "pinned", "drift ref"):
+    for column in ("name", "backend", "weights", "versions", "MiB", "pinned", "drift ref"):
         table.add_column(column, justify="right" if column == "MiB" else "left")
     if url:
         table.add_column("server")
     for row in rows:
         if row.entry is None:
-            cells = [row.name, "[red]invalid[/]", row.error, "", "", ""]
+            cells = [row.name, "[red]invalid[/]", "", row.error, "", "", ""]
         else:
             cfg = row.entry.config
             versions = f"{','.join(map(str, row.entry.versions)) or '-'} of {len(row.entry.available_versions)}"
-            cells = [row.name, cfg.backend, versions, f"{row.size_bytes / 2**20:.2f}",
-                     "yes" if cfg.pinned else "", "yes" if row.drift_reference else ""]
+            cells = [row.name, cfg.backend, _weights(cfg.backend, cfg.parameters), versions,
+                     f"{row.size_bytes / 2**20:.2f}", "yes" if cfg.pinned else "", "yes" if row.drift_reference else ""]
         if url:
             cells.append(states.get(row.name, "not served"))
         table.add_row(*cells)
@@ -145,3 +163,59 @@ def pull(
     except ValueError as exc:
         raise _fail(str(exc)) from None
     Console(soft_wrap=True).print(f"[green]pulled[/] {source} -> {path} ({summary})")
+
+
+@app.command("quality")
+def quality(
+    name: str = typer.Argument(..., help="An LLM of the repository (backend: llm), e.g. smollm2."),
+    model_repository: Path = typer.Option(Path("models"), help=REPOSITORY_HELP),
+    window_tokens: int = typer.Option(512, min=8, help="Tokens per teacher-forced window (llama-perplexity's -c)."),
+    max_tokens: int = typer.Option(0, min=0, help="Score only the corpus's first this-many tokens (0 = all)."),
+    num_threads: int = typer.Option(0, min=0, help="Threads per runner (0 = auto)."),
+    llama_perplexity: Path = typer.Option(None, "--llama-perplexity", help="llama.cpp's llama-perplexity binary: "
+                                          "also run it on the same GGUF and text, as the anchor."),
+) -> None:
+    """The quality gate of an LLM's native weights: perplexity of the native default and of the fp32 reference
+    on the shipped held-out corpus, and their teacher-forced top-1 agreement. Passes when the native perplexity
+    is within 1% of the reference's and >= 97% of the argmaxes agree; the result is written next to the model's
+    cache (the server shows it at start and refuses a format that failed). Exit code 1 when it fails."""
+    import json
+    from dataclasses import asdict
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from headroom.llm.offline import DEFAULT_MODEL
+    from headroom.llm.quality_run import QualityRun, run_quality
+    from headroom.models.config import load_model_config
+
+    try:
+        cfg = load_model_config(model_repository / name)
+    except (OSError, ValueError) as exc:
+        raise _fail(f"{model_repository / name}: {exc}") from None
+    if cfg.backend != "llm":
+        raise _fail(f"{name} is a {cfg.backend} model; the quality gate is for LLMs (backend: llm)")
+    params = cfg.parameters
+    cache = params.get("cache_dir")
+    run = QualityRun(
+        model=str(params.get("model") or params.get("gguf") or DEFAULT_MODEL),
+        cache_root=Path(str(cache)).expanduser() / "llm" if cache else None,
+        window_tokens=window_tokens, max_tokens=max_tokens, num_threads=num_threads,
+        llama_perplexity=llama_perplexity,
+    )  # fmt: skip
+    console = Console(soft_wrap=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console) as bars:
+
+        def progress(label: str, total: int) -> Callable[[], None]:
+            task = bars.add_task(f"{name} {label}", total=total)
+            return lambda: bars.advance(task)
+
+        try:
+            result = run_quality(run, progress)
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
+    console.print_json(json.dumps(asdict(result)))
+    anchor = f"; llama-perplexity {result.llama_perplexity:.4f}" if result.llama_perplexity is not None else ""
+    console.print(f"{name} {result.weight_format}: {result.verdict}{anchor}")
+    if not result.passed:
+        raise typer.Exit(code=1)

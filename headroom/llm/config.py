@@ -8,6 +8,8 @@ from typing import Any
 
 from headroom.llm.kernels.build import BACKENDS as KERNEL_BACKENDS
 
+WEIGHT_DTYPES = ("auto", "native", "fp32")  # values of EngineConfig.weight_dtype
+
 
 @dataclass(frozen=True, slots=True)
 class DecoderConfig:
@@ -85,17 +87,13 @@ class EngineConfig:
     # auto threads on <= 2 CPUs, before anything is measured: steps of at least this many tokens (a full decode
     # batch, prefill chunks) start on every CPU, smaller ones on 1 thread
     wide_step_min_tokens: int = 32
-    # "auto" (= dtype) | "int8" (CPU fp32 only: FBGEMM dynamic-int8 linears) | "int8_on_cpu" (int8 when the
-    # model runs on CPU, dtype on a GPU: what models/smollm2/config.yaml serves)
+    # "auto" (native for a GGUF on CPU, else weights in `dtype`) | "native" (the GGUF's own block formats, Q4_0 /
+    # Q4_1 / Q8_0 / F16 / F32, run by the native C step, headroom.llm.kernels.native; CPU only; batch-invariant) |
+    # "fp32" (the reference: weights dequantised to `dtype`, the torch model; equals transformers' greedy output)
     weight_dtype: str = "auto"
     # "auto" (the C paged-attention kernel, headroom.llm.kernels, on CPU fp32 when it builds; else torch ops) |
-    # "torch" | "kernel" (fail at startup when the kernel cannot be built or used)
+    # "torch" | "kernel" (fail at startup when the kernel cannot be built or used); fp32 mode only
     attention_backend: str = "auto"
-    # "auto" (int8 weights on CPU: a decode step of up to kernel_decode_max_seqs sequences runs as ONE C call,
-    # headroom.llm.kernels.int8_decode; activations quantised per row) | "torch" (always the modules) |
-    # "kernel" (fail at startup when it cannot be used)
-    decode_backend: str = "auto"
-    kernel_decode_max_seqs: int = 4  # larger decode steps use the modules (FBGEMM's int8 GEMM is faster there)
     swap_space_mb: float = 0.0  # host memory for swap preemption; 0 = preempt by recompute only
     speculative_ngram_tokens: int = 0  # prompt-lookup speculative decoding: draft length; 0 = off
     speculative_draft_model: str = ""  # draft-model speculation: a .gguf, HF directory or package: ("" = off)
@@ -118,22 +116,15 @@ class EngineConfig:
             raise ValueError(f"device {self.device!r}: use cpu, cuda or auto")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: use auto, float32, bfloat16 or float16")
-        if self.weight_dtype not in ("auto", "int8", "int8_on_cpu"):
+        if self.weight_dtype not in WEIGHT_DTYPES:
             raise ValueError(
-                f"weight_dtype {self.weight_dtype!r}: use auto (weights in dtype), int8 (CPU only) or int8_on_cpu "
-                "(int8 on CPU, dtype on a GPU)"
+                f"weight_dtype {self.weight_dtype!r}: use auto (native for a GGUF on CPU), native (the GGUF's own "
+                "quantised formats, CPU only) or fp32 (the reference, dequantised weights)"
             )
         if self.attention_backend not in KERNEL_BACKENDS:
             raise ValueError(
                 f"attention_backend {self.attention_backend!r}: use auto (the C kernel when it builds), torch or kernel"
             )
-        if self.decode_backend not in KERNEL_BACKENDS:
-            raise ValueError(
-                f"decode_backend {self.decode_backend!r}: use auto (the C int8 decode step when it applies), torch "
-                "or kernel"
-            )
-        if self.kernel_decode_max_seqs < 0:
-            raise ValueError("kernel_decode_max_seqs must be >= 0 (0 = never use the C decode step)")
         if self.wide_step_min_tokens < 1:
             raise ValueError("wide_step_min_tokens must be >= 1 (32 is usual)")
         if self.swap_space_mb < 0:

@@ -1,7 +1,8 @@
 """Draft-model speculative decoding: a small model with the target's vocabulary proposes k tokens greedily.
 
-The draft runs on the engine's own machinery: a `TorchRunner` over its own small paged K/V pool (as many
-blocks as the target's, so whatever fits the target fits the draft) and a `KVCacheManager` without prefix
+The draft runs on the engine's own machinery: a runner (the native one for a GGUF on CPU, like the target;
+`TorchRunner` in fp32 mode) over its own small paged K/V pool (as many blocks as the target's, so whatever fits
+the target fits the draft) and a `KVCacheManager` without prefix
 caching. Per sequence it remembers the tokens whose K/V it holds; each step it keeps the longest prefix
 of those that still matches the sequence (after a rejection that rolls back to the accepted prefix),
 computes only the rest, then decodes k - 1 more tokens. All sequences of a step share each draft forward:
@@ -14,13 +15,12 @@ draft's pool is full or a sequence outgrows the draft's context, that sequence s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from headroom.llm.config import DecoderConfig, EngineConfig
 from headroom.llm.kv_cache import KVCacheManager
-from headroom.llm.model import DecoderForCausalLM
-from headroom.llm.runner import BatchItem, ModelBatch, TorchRunner
+from headroom.llm.runner import BatchItem, ModelBatch, Runner
 from headroom.llm.spec_decode import DraftQuery
 from headroom.llm.tokenizer import Tokenizer
 
@@ -65,11 +65,11 @@ def _vocab(tokenizer: Tokenizer) -> dict[str, int]:
 class DraftModelProposer:
     """A `DraftProposer` that runs a small model greedily for up to k tokens per eligible sequence."""
 
-    def __init__(self, model: DecoderForCausalLM, engine: EngineConfig, num_blocks: int) -> None:
-        if num_blocks < 1:
+    def __init__(self, runner: Runner, cfg: DecoderConfig, engine: EngineConfig) -> None:
+        """`runner`: the draft model's runner, its pool sized by the caller (as many blocks as the target's)."""
+        if runner.num_blocks < 1:
             raise ValueError("the draft model's K/V pool needs >= 1 block")
-        cfg = model.config
-        self.runner = TorchRunner(model, engine, num_blocks=num_blocks)
+        self.runner = runner
         self.kv = KVCacheManager(self.runner.num_blocks, engine.block_size_tokens, enable_prefix_caching=False)
         self.block_size = engine.block_size_tokens
         self.max_positions = cfg.max_position_embeddings  # the draft's context limit
@@ -145,12 +145,16 @@ class DraftModelProposer:
 
 def build_draft_proposer(
     target: DecoderConfig,
-    draft: DecoderForCausalLM,
+    draft: DecoderConfig,
+    make_runner: Callable[[int], Runner],
     engine: EngineConfig,
     num_blocks: int,
     target_tokenizer: Tokenizer | None = None,
     draft_tokenizer: Tokenizer | None = None,
 ) -> DraftModelProposer:
-    """Check the draft against the target, then build its proposer (pool of `num_blocks` blocks)."""
-    check_draft_compatible(target, draft.config, target_tokenizer, draft_tokenizer)
-    return DraftModelProposer(draft, engine, num_blocks)
+    """Check the draft against the target, then build its proposer on `make_runner(num_blocks)` (a pool of the
+    target's size)."""
+    check_draft_compatible(target, draft, target_tokenizer, draft_tokenizer)
+    if num_blocks < 1:
+        raise ValueError("the draft model's K/V pool needs >= 1 block")
+    return DraftModelProposer(make_runner(num_blocks), draft, engine)

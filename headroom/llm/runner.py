@@ -10,7 +10,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -18,10 +18,8 @@ import numpy as np
 import torch
 
 from headroom.llm.config import DecoderConfig, EngineConfig
-from headroom.llm.kernels.int8_decode import select_decode_kernel
 from headroom.llm.kernels.paged_attention import PagedAttentionKernel, select_attention_kernel
 from headroom.llm.model import AttentionGroup, AttentionMetadata, DecoderForCausalLM
-from headroom.llm.quant import prepare_int8
 from headroom.llm.threads import ThreadTunerConfig, ThreadTunerState, choose_threads, observe
 
 
@@ -84,20 +82,10 @@ def cpu_threads(requested: int, cpu_count: int) -> int:
     return 1 if cpu_count <= 2 else 0
 
 
-def int8_weights(engine: EngineConfig, device: torch.device) -> bool:
-    """Whether the linears become int8: `weight_dtype: int8`, or `int8_on_cpu` with the model on CPU."""
-    return engine.weight_dtype == "int8" or (engine.weight_dtype == "int8_on_cpu" and device.type == "cpu")
-
-
-def prepare_model(model: DecoderForCausalLM, engine: EngineConfig) -> None:
-    """Make a loaded model fast for inference, in place: fuse q/k/v and gate/up, then int8 weights if asked
-    (from the checkpoint's cached int8 tensors when it has them, see `quant.prepare_int8`).
-    Idempotent (the runner calls it; `load_engine` calls it first to time it as its own cold-start stage)."""
-    if int8_weights(engine, next(model.parameters()).device):
-        prepare_int8(model, model.extra_tensors)
-    else:
-        model.fuse_projections()
-    model.extra_tensors = {}
+def prepare_model(model: DecoderForCausalLM) -> None:
+    """Make a loaded model fast for inference, in place: fuse q/k/v and gate/up (idempotent: the runner calls
+    it; `load_engine` calls it first to time it as its own cold-start stage)."""
+    model.fuse_projections()
 
 
 def kv_bytes_per_block(cfg: DecoderConfig, block_size_tokens: int, dtype: torch.dtype) -> int:
@@ -204,6 +192,62 @@ def _group(
     )
 
 
+class StepThreads:
+    """The intra-op thread count each step runs with: `num_threads` when set; else on a <= 2-CPU machine chosen
+    per step by measuring (`headroom.llm.threads`), else torch's default. Shared by the torch and native runners
+    (a native step's result never depends on its thread count, so tuning it is safe for batch invariance)."""
+
+    def __init__(self, engine: EngineConfig, on_cpu: bool) -> None:
+        cpu_count = os.cpu_count() or 1
+        self.now = 0  # what was last set (0 = nothing yet)
+        self._tuner: ThreadTunerConfig | None = None
+        self._state = ThreadTunerState()
+        if on_cpu:
+            threads = cpu_threads(engine.num_threads, cpu_count)
+            if threads:
+                torch.set_num_threads(threads)
+                self.now = threads
+            if engine.num_threads <= 0 and 1 < cpu_count <= 2:
+                self._tuner = ThreadTunerConfig((1, cpu_count), engine.wide_step_min_tokens)
+                self._tuner.validate()
+
+    def means(self) -> dict[tuple[int, int], float]:
+        """The tuner's running means, (step-size bucket, threads) -> seconds per token (empty: no tuner)."""
+        return dict(self._state.mean_s_per_token)
+
+    def run(self, batch: ModelBatch, forward: Callable[[int], torch.Tensor]) -> torch.Tensor:
+        """`forward(threads)` with the chosen thread count (set in the calling thread: OpenMP counts are per
+        thread), timed for the tuner."""
+        tuner = self._tuner
+        if tuner is None:
+            return forward(self.now or torch.get_num_threads())
+        num_tokens = sum(len(it.token_ids) for it in batch.items)
+        threads = choose_threads(self._state, tuner, num_tokens)
+        if threads != self.now:
+            torch.set_num_threads(threads)
+            self.now = threads
+        start = time.perf_counter()
+        out = forward(threads)
+        self._state = observe(self._state, tuner, num_tokens, threads, time.perf_counter() - start)
+        return out
+
+
+def allocate_kv_pool(
+    cfg: DecoderConfig, engine: EngineConfig, dtype: torch.dtype, device: torch.device, num_blocks: int | None
+) -> tuple[int, int, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """(blocks, bytes per block, per-layer (K, V) caches `[Hkv, slots, D]`, head-major, zeroed) for a pool of
+    `num_blocks` blocks, or by default as many as `engine.kv_cache_memory_mb` holds."""
+    per_block = kv_bytes_per_block(cfg, engine.block_size_tokens, dtype)
+    blocks = num_blocks if num_blocks is not None else int(engine.kv_cache_memory_mb * 2**20 // per_block)
+    if blocks < 1:
+        raise ValueError(
+            f"kv_cache_memory_mb={engine.kv_cache_memory_mb} holds no block of {per_block} bytes; raise it"
+        )
+    shape = (cfg.num_key_value_heads, blocks * engine.block_size_tokens, cfg.head_dim_resolved)
+    pool = zeroed_tensors(shape, 2 * cfg.num_hidden_layers, dtype, device)
+    return blocks, per_block, [(pool[2 * i], pool[2 * i + 1]) for i in range(cfg.num_hidden_layers)]
+
+
 class TorchRunner:
     """Runs a DecoderForCausalLM over a K/V pool preallocated from `kv_cache_memory_mb`."""
 
@@ -214,88 +258,65 @@ class TorchRunner:
         cfg = model.config
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        cpu_count = os.cpu_count() or 1
-        self._threads_now = 0  # what this runner last set (0 = nothing yet)
-        # auto threads on a <= 2-CPU machine: chosen per step by measuring (see headroom.llm.threads)
-        self._tuner: ThreadTunerConfig | None = None
-        self._tuner_state = ThreadTunerState()
-        if self.device.type == "cpu":
-            threads = cpu_threads(engine.num_threads, cpu_count)
-            if threads:
-                torch.set_num_threads(threads)
-                self._threads_now = threads
-            if engine.num_threads <= 0 and 1 < cpu_count <= 2:
-                self._tuner = ThreadTunerConfig((1, cpu_count), engine.wide_step_min_tokens)
-                self._tuner.validate()
-        prepare_model(model, engine)
-        per_block = kv_bytes_per_block(cfg, engine.block_size_tokens, self.dtype)
-        self.kv_bytes_per_block = per_block
+        self.threads = StepThreads(engine, self.device.type == "cpu")
+        prepare_model(model)
         self.block_size = engine.block_size_tokens
-        self.num_blocks = num_blocks if num_blocks is not None else int(engine.kv_cache_memory_mb * 2**20 // per_block)
-        if self.num_blocks < 1:
-            raise ValueError(
-                f"kv_cache_memory_mb={engine.kv_cache_memory_mb} holds no block of {per_block} bytes; raise it"
-            )
+        self.num_blocks, self.kv_bytes_per_block, self.kv_caches = allocate_kv_pool(
+            cfg, engine, self.dtype, self.device, num_blocks
+        )
         self.vocab_size = cfg.vocab_size
-        slots = self.num_blocks * engine.block_size_tokens
-        shape = (cfg.num_key_value_heads, slots, cfg.head_dim_resolved)  # head-major (see model.Attention)
-        pool = zeroed_tensors(shape, 2 * cfg.num_hidden_layers, self.dtype, self.device)
-        self.kv_caches = [(pool[2 * i], pool[2 * i + 1]) for i in range(cfg.num_hidden_layers)]
         heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim_resolved, self.block_size)
         # the C paged-attention kernel (CPU fp32) or None = torch ops (see headroom.llm.kernels.paged_attention)
         self.attention_kernel = select_attention_kernel(engine.attention_backend, self.device, self.dtype, heads)
-        # small int8 decode steps as one C call (headroom.llm.kernels.int8_decode), or None
-        self.decode_kernel = select_decode_kernel(
-            engine.decode_backend, model, self.kv_caches, self.block_size, engine.kernel_decode_max_seqs,
-            self.attention_kernel is not None,
-        )  # fmt: skip
 
     @property
     def threads_now(self) -> int:
         """The intra-op thread count the last step ran with (0 = never set by this runner)."""
-        return self._threads_now
+        return self.threads.now
 
     def tuner_means(self) -> dict[tuple[int, int], float]:
         """The thread tuner's running means, (step-size bucket, threads) -> seconds per token (empty: no tuner)."""
-        return dict(self._tuner_state.mean_s_per_token)
+        return self.threads.means()
 
     def execute(self, batch: ModelBatch) -> torch.Tensor:
-        tuner = self._tuner
-        if tuner is None:
-            return self._forward(batch)
-        num_tokens = sum(len(it.token_ids) for it in batch.items)
-        threads = choose_threads(self._tuner_state, tuner, num_tokens)
-        if threads != self._threads_now:  # set in the calling thread: OpenMP thread counts are per thread
-            torch.set_num_threads(threads)
-            self._threads_now = threads
-        start = time.perf_counter()
-        out = self._forward(batch)
-        elapsed = time.perf_counter() - start
-        self._tuner_state = observe(self._tuner_state, tuner, num_tokens, threads, elapsed)
-        return out
+        return self.threads.run(batch, lambda _threads: self._forward(batch))
 
     def _forward(self, batch: ModelBatch) -> torch.Tensor:
-        if self.decode_kernel is not None and self.decode_kernel.serves(batch):
-            return self.decode_kernel.decode(batch, torch.get_num_threads())
         ids, pos, meta, logits_idx = build_metadata(batch, self.device, self.attention_kernel)
         with torch.inference_mode():
             logits: torch.Tensor = self.model(ids, pos, self.kv_caches, meta, logits_idx)
         return logits.float().cpu()
 
-    def _paged(self, cache: torch.Tensor) -> torch.Tensor:
-        """[Hkv, slots, D] viewed as [Hkv, blocks, block size, D]."""
-        return cache.view(cache.shape[0], -1, self.block_size, cache.shape[2])
-
     def swap_out(self, block_ids: Sequence[int]) -> object:
-        idx = torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
-        return [
-            (self._paged(k)[:, idx].to("cpu", copy=True), self._paged(v)[:, idx].to("cpu", copy=True))
-            for k, v in self.kv_caches
-        ]
+        return swap_out_blocks(self.kv_caches, self.block_size, block_ids)
 
     def swap_in(self, host_copy: object, block_ids: Sequence[int]) -> None:
-        saved = cast(list[tuple[torch.Tensor, torch.Tensor]], host_copy)
-        idx = torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
-        for (k, v), (hk, hv) in zip(self.kv_caches, saved, strict=True):
-            self._paged(k)[:, idx] = hk.to(self.device)
-            self._paged(v)[:, idx] = hv.to(self.device)
+        swap_in_blocks(self.kv_caches, self.block_size, host_copy, block_ids)
+
+
+def _paged(cache: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[Hkv, slots, D] viewed as [Hkv, blocks, block size, D]."""
+    return cache.view(cache.shape[0], -1, block_size, cache.shape[2])
+
+
+def swap_out_blocks(
+    kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]], block_size: int, block_ids: Sequence[int]
+) -> object:
+    """Host copies of these blocks' K/V in every layer (what `Runner.swap_out` returns)."""
+    idx = torch.tensor(list(block_ids), dtype=torch.long, device=kv_caches[0][0].device)
+    return [
+        (_paged(k, block_size)[:, idx].to("cpu", copy=True), _paged(v, block_size)[:, idx].to("cpu", copy=True))
+        for k, v in kv_caches
+    ]
+
+
+def swap_in_blocks(
+    kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]], block_size: int, host_copy: object, block_ids: Sequence[int]
+) -> None:
+    """Copy `swap_out_blocks`' host copies back into these (new) blocks."""
+    saved = cast(list[tuple[torch.Tensor, torch.Tensor]], host_copy)
+    device = kv_caches[0][0].device
+    idx = torch.tensor(list(block_ids), dtype=torch.long, device=device)
+    for (k, v), (hk, hv) in zip(kv_caches, saved, strict=True):
+        _paged(k, block_size)[:, idx] = hk.to(device)
+        _paged(v, block_size)[:, idx] = hv.to(device)

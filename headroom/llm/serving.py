@@ -59,6 +59,7 @@ class OpenAIServing:
         self.max_model_len = max_model_len
         self.created = int(time.time())
         self.request_timeout_s = 0.0  # 0 = no deadline
+        self.weight_format = ""  # what the model runs on, e.g. "gguf:Q4_1+Q8_0" or "fp32" ("" = not loaded yet)
 
     def attach(
         self, engine: AsyncLLMEngine, tokenizer: Tokenizer, max_model_len: int, request_timeout_s: float = 0.0
@@ -71,6 +72,8 @@ class OpenAIServing:
         """Entries for `GET /v1/models`."""
         card: dict[str, Any] = {"id": self.model_name, "object": "model", "created": self.created}
         card.update({"owned_by": "headroom", "max_model_len": self.max_model_len})
+        if self.weight_format:
+            card["weight_format"] = self.weight_format
         return [card]
 
     # --- entry points -----------------------------------------------------------------------------------

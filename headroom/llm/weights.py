@@ -1,14 +1,13 @@
-"""Where weights come from: a GGUF file (dequantised with `gguf`) or a Hugging Face safetensors directory.
+"""Where weights come from: a GGUF file or a Hugging Face safetensors directory; and the per-GGUF cache.
 
-The first load of a GGUF converts it once into a cache directory (default `~/.cache/headroom/llm/`, or
-`$HEADROOM_CACHE_DIR/llm/`): `model.safetensors` with Hugging Face tensor names, `config.json` (our
-DecoderConfig), `tokenizer.json` and `tokenizer_config.json` (chat template, special tokens), `source` (the
-GGUF's path: a new conversion of the same file removes the stale older ones, `prune_stale_conversions`),
-and `model.int8.safetensors`: the fused projections' int8 weights and scales (`quant.int8_state_dict`,
-written once, also into a cache converted before it existed), so `weight_dtype: int8` starts without
-quantising. Later loads memory-map both weight files; the int8 tensors join the state dict under
-`headroom.int8.*` keys (model loaders ignore them; `build_model` keeps them for `prepare_model`). Every stage
-is timed (`LoadedCheckpoint.stages_s`).
+A GGUF gets one cache directory (default `~/.cache/headroom/llm/`, or `$HEADROOM_CACHE_DIR/llm/`), made on
+its first load (`gguf_cache`): `config.json` (our DecoderConfig), `tokenizer.json` and `tokenizer_config.json`
+(chat template, special tokens), `source` (the GGUF's path: a new cache of the same file removes the stale
+older ones, `prune_stale_conversions`) and `done`. The native default (`headroom.llm.native_weights`) needs
+nothing more: it runs the GGUF's own blocks, memory-mapped from the file. Only the fp32 reference mode
+(`load_checkpoint`) adds `model.safetensors`, every tensor dequantised to fp32 under its Hugging Face name
+(written once, ~0.5 GB for SmolLM2; later loads memory-map it). Every stage is timed
+(`LoadedCheckpoint.stages_s`).
 """
 
 from __future__ import annotations
@@ -30,9 +29,10 @@ import numpy as np
 import torch
 
 from headroom.llm.config import DecoderConfig
+from headroom.llm.gguf_file import GGUFFile, read_gguf
 
 GGUF_ARCHES = ("llama", "qwen2")
-INT8_FILE = "model.int8.safetensors"  # cached int8 weights next to a converted GGUF's model.safetensors
+FP32_FILE = "model.safetensors"  # the fp32 reference weights in a GGUF's cache (weight_dtype: fp32 only)
 SOURCE_FILE = "source"  # in a conversion: the resolved path of the GGUF it came from
 log = logging.getLogger("headroom.llm")
 
@@ -90,33 +90,44 @@ def _stage(stages: dict[str, float], name: str) -> Iterator[None]:
 
 
 def load_checkpoint(spec: str, cache_root: Path | None = None) -> LoadedCheckpoint:
-    """Load a `.gguf` file (converted once, then memory-mapped) or a Hugging Face directory."""
+    """The fp32 reference weights: a `.gguf` file (dequantised once into its cache, then memory-mapped) or a
+    Hugging Face directory."""
     path = resolve_model_path(spec)
     if path.is_dir():
         return _load_hf_dir(path)
+    stages: dict[str, float] = {}
+    cache = gguf_cache(path, cache_root, stages)
+    if not (cache / FP32_FILE).exists():
+        log.info("dequantising %s once to fp32 into %s (weight_dtype: fp32; later starts memory-map it)", path, cache)
+        with _stage(stages, "convert_gguf_fp32"):
+            _write_fp32(path, cache)
+    ckpt = _load_converted(cache, stages)
+    ckpt.cache_dir = cache
+    return ckpt
+
+
+def gguf_cache(path: Path, cache_root: Path | None, stages: dict[str, float]) -> Path:
+    """The cache directory of a GGUF file with its config and tokenizer files, made on first use."""
     if path.suffix != ".gguf":
         raise ValueError(f"{path}: expected a .gguf file or a Hugging Face directory with config.json")
-    stages: dict[str, float] = {}
     root = cache_root or default_cache_root()
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|v1".encode()).hexdigest()[:16]
     cache = root / f"{path.stem}-{key}"
     if not (cache / "done").exists():
-        log.info("converting %s once into %s (dequantise + tokenizer; later starts memory-map it)", path, cache)
-        with _stage(stages, "convert_gguf"):
+        log.info("reading %s's config and tokenizer once into %s", path, cache)
+        with _stage(stages, "convert_tokenizer"):
             _convert_gguf(path, cache)
-        log.info("converted in %.1f s", stages["convert_gguf"])
         for old in prune_stale_conversions(root, path.resolve(), cache):
-            log.info("removed %s: a conversion of an older version of %s", old, path)
-    if not (cache / INT8_FILE).exists():
-        with _stage(stages, "quantize_int8"):
-            try:
-                _write_int8_cache(cache)
-            except OSError as exc:  # e.g. a read-only cache: int8 then quantises at load, as without a cache
-                log.warning("could not cache int8 weights in %s (%s); int8 will quantise at load", cache, exc)
-    ckpt = _load_converted(cache, stages)
-    ckpt.cache_dir = cache
-    return ckpt
+            log.info("removed %s: the cache of an older version of %s", old, path)
+    return cache
+
+
+def read_cached_config(cache: Path, stages: dict[str, float]) -> tuple[DecoderConfig, TokenizerFiles]:
+    """The architecture and tokenizer files recorded in a GGUF's cache."""
+    with _stage(stages, "read_config"):
+        config = DecoderConfig.from_json(json.loads((cache / "config.json").read_text()))
+        return config, _tokenizer_files(cache)
 
 
 def prune_stale_conversions(root: Path, source: Path, keep: Path) -> list[Path]:
@@ -142,13 +153,9 @@ def prune_stale_conversions(root: Path, source: Path, keep: Path) -> list[Path]:
 def _load_converted(cache: Path, stages: dict[str, float]) -> LoadedCheckpoint:
     from safetensors.torch import load_file
 
-    with _stage(stages, "read_config"):
-        config = DecoderConfig.from_json(json.loads((cache / "config.json").read_text()))
-        tok = _tokenizer_files(cache)
+    config, tok = read_cached_config(cache, stages)
     with _stage(stages, "mmap_weights"):
-        state = load_file(str(cache / "model.safetensors"))
-        if (cache / INT8_FILE).exists():
-            state.update(load_file(str(cache / INT8_FILE)))
+        state = load_file(str(cache / FP32_FILE))
     return LoadedCheckpoint(config=config, state_dict=state, tokenizer=tok, stages_s=stages)
 
 
@@ -197,18 +204,14 @@ def _token_text(raw: Any) -> str:
     return "" if raw is None else str(raw)
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
+def reverse_permute_rows(n_rows: int, n_head: int) -> np.ndarray:
+    """The row order that undoes llama.cpp's q/k row permutation (interleaved RoPE -> HF's rotate-half layout):
+    HF row i is GGUF row `order[i]`. Whole rows move, so it applies to block-quantised rows unchanged."""
+    dim = n_rows // n_head // 2
+    return np.arange(n_rows).reshape(n_head, dim, 2).swapaxes(2, 1).reshape(n_rows)
 
 
-def _reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row permutation (interleaved RoPE -> HF's rotate-half layout)."""
-    dim = w.shape[0] // n_head // 2
-    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
-
-
-_GGUF_TO_HF = {
+GGUF_TO_HF = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
@@ -221,109 +224,128 @@ _GGUF_TO_HF = {
 }
 
 
-def gguf_decoder_config(reader: Any) -> DecoderConfig:
+def gguf_decoder_config(gguf: GGUFFile) -> DecoderConfig:
     """The architecture from GGUF metadata."""
-    arch = str(_field(reader, "general.architecture"))
+    arch = str(gguf.get("general.architecture"))
     if arch not in GGUF_ARCHES:
         raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(GGUF_ARCHES)})")
-    heads = int(_field(reader, f"{arch}.attention.head_count"))
-    hidden = int(_field(reader, f"{arch}.embedding_length"))
-    vocab = _field(reader, f"{arch}.vocab_size")
-    if vocab is None:
-        vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
-    names = {t.name for t in reader.tensors}
+    heads = int(gguf.get(f"{arch}.attention.head_count"))
+    hidden = int(gguf.get(f"{arch}.embedding_length"))
+    if "token_embd.weight" not in gguf.tensors:
+        raise ValueError(f"{gguf.path}: no token_embd.weight tensor")
+    vocab = gguf.get(f"{arch}.vocab_size") or gguf.tensors["token_embd.weight"].shape[0]
     cfg = DecoderConfig(
         vocab_size=int(vocab),
         hidden_size=hidden,
-        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
-        num_hidden_layers=int(_field(reader, f"{arch}.block_count")),
+        intermediate_size=int(gguf.get(f"{arch}.feed_forward_length")),
+        num_hidden_layers=int(gguf.get(f"{arch}.block_count")),
         num_attention_heads=heads,
-        num_key_value_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
-        max_position_embeddings=int(_field(reader, f"{arch}.context_length", 2048)),
-        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        tie_word_embeddings="output.weight" not in names,
-        attention_bias="blk.0.attn_q.bias" in names,
-        head_dim=int(_field(reader, f"{arch}.attention.key_length", 0) or 0),
+        num_key_value_heads=int(gguf.get(f"{arch}.attention.head_count_kv", heads)),
+        max_position_embeddings=int(gguf.get(f"{arch}.context_length", 2048)),
+        rms_norm_eps=float(gguf.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(gguf.get(f"{arch}.rope.freq_base", 10000.0)),
+        tie_word_embeddings="output.weight" not in gguf.tensors,
+        attention_bias="blk.0.attn_q.bias" in gguf.tensors,
+        head_dim=int(gguf.get(f"{arch}.attention.key_length", 0) or 0),
     )
     cfg.validate()
     return cfg
 
 
-def gguf_state_dict(reader: Any, cfg: DecoderConfig, arch: str) -> dict[str, torch.Tensor]:
-    """Dequantise every tensor to fp32 under its Hugging Face name."""
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor (None: not part of the decoder)."""
+    fixed = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
+    if gguf_name in fixed:
+        return fixed[gguf_name]
+    if gguf_name == "output.weight":
+        return "lm_head.weight"
+    if gguf_name.startswith("blk."):
+        _, idx, kind, suffix = gguf_name.split(".", 3)
+        if kind in GGUF_TO_HF:
+            return f"model.layers.{idx}.{GGUF_TO_HF[kind]}.{suffix}"
+    return None
+
+
+def row_order(gguf_name: str, cfg: DecoderConfig, arch: str) -> np.ndarray | None:
+    """The HF row order of a llama q/k weight or bias (see `reverse_permute_rows`); None for other tensors."""
+    if arch != "llama" or not gguf_name.startswith("blk."):
+        return None
+    kind = gguf_name.split(".")[2]
+    if kind == "attn_q":
+        return reverse_permute_rows(cfg.num_attention_heads * cfg.head_dim_resolved, cfg.num_attention_heads)
+    if kind == "attn_k":
+        return reverse_permute_rows(cfg.num_key_value_heads * cfg.head_dim_resolved, cfg.num_key_value_heads)
+    return None
+
+
+def gguf_state_dict(gguf: GGUFFile, cfg: DecoderConfig) -> dict[str, torch.Tensor]:
+    """Dequantise every tensor to fp32 under its Hugging Face name (the fp32 reference mode)."""
+    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
+    arch = str(gguf.get("general.architecture"))
     out: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        name = str(t.name)
-        if name == "token_embd.weight":
-            hf = "model.embed_tokens.weight"
-        elif name == "output_norm.weight":
-            hf = "model.norm.weight"
-        elif name == "output.weight":
-            hf = "lm_head.weight"
-        elif name.startswith("blk."):
-            _, idx, kind, suffix = name.split(".", 3)
-            if kind not in _GGUF_TO_HF:
-                continue
-            if arch == "llama" and kind == "attn_q":
-                arr = _reverse_permute(arr, cfg.num_attention_heads)
-            elif arch == "llama" and kind == "attn_k":
-                arr = _reverse_permute(arr, cfg.num_key_value_heads)
-            hf = f"model.layers.{idx}.{_GGUF_TO_HF[kind]}.{suffix}"
-        else:
+    for t in gguf.tensors.values():
+        hf = hf_name(t.name)
+        if hf is None:
             continue
+        if t.fmt in ("F32", "F16"):
+            arr = np.array(t.data, dtype=np.float32)
+        else:
+            arr = np.asarray(dequantize(np.asarray(t.data), GGMLQuantizationType[t.fmt]), dtype=np.float32)
+        order = row_order(t.name, cfg, arch)
+        if order is not None:
+            arr = arr[order]
         out[hf] = torch.from_numpy(np.ascontiguousarray(arr))
     return out
 
 
 def _convert_gguf(path: Path, cache: Path) -> None:
-    from gguf import GGUFReader
-    from safetensors.torch import save_file
-
-    reader = GGUFReader(str(path))
-    arch = str(_field(reader, "general.architecture"))
-    cfg = gguf_decoder_config(reader)
+    """Write the cache's config and tokenizer files (atomically: a temp directory renamed into place)."""
+    gguf = read_gguf(path)
+    cfg = gguf_decoder_config(gguf)
     tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file(gguf_state_dict(reader, cfg, arch), str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps(cfg.to_json(), indent=1))
-    _convert_gguf_tokenizer(path, reader, tmp)
+    _convert_gguf_tokenizer(path, gguf, tmp)
     (tmp / SOURCE_FILE).write_text(str(path.resolve()))
     (tmp / "done").write_text("ok\n")
     shutil.rmtree(cache, ignore_errors=True)
     tmp.rename(cache)
 
 
-def _write_int8_cache(cache: Path) -> None:
-    """Quantise a converted checkpoint's fused linears once into `INT8_FILE` (atomic: temp file + rename)."""
-    from safetensors.torch import load_file, save_file
+def _write_fp32(path: Path, cache: Path) -> None:
+    """Dequantise the GGUF into the cache's `FP32_FILE` (atomic: temp file + rename)."""
+    from safetensors.torch import save_file
 
-    from headroom.llm.model import build_model
-    from headroom.llm.quant import int8_state_dict
-
-    config = DecoderConfig.from_json(json.loads((cache / "config.json").read_text()))
-    model = build_model(config, load_file(str(cache / "model.safetensors")), torch.device("cpu"), torch.float32)
-    model.fuse_projections()
-    tmp = cache / f"{INT8_FILE}.tmp{os.getpid()}"
-    save_file(int8_state_dict(model), str(tmp))
-    os.replace(tmp, cache / INT8_FILE)
+    gguf = read_gguf(path)
+    tmp = cache / f"{FP32_FILE}.tmp{os.getpid()}"
+    save_file(gguf_state_dict(gguf, gguf_decoder_config(gguf)), str(tmp))
+    os.replace(tmp, cache / FP32_FILE)
 
 
-def _convert_gguf_tokenizer(path: Path, reader: Any, out: Path) -> None:
-    """Build `tokenizer.json` from GGUF metadata with transformers' offline GGUF converter."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
+def _convert_gguf_tokenizer(path: Path, gguf: GGUFFile, out: Path) -> None:
+    """Write `tokenizer.json` and `tokenizer_config.json` from GGUF metadata: byte-level BPE vocabularies directly
+    (`gguf_tokenizer`, ~0.5 s), others with transformers' offline GGUF converter (~10 s, mostly its import)."""
+    from headroom.llm.gguf_tokenizer import TOKENIZER_ARRAYS, byte_level_tokenizer_json, special_token_text
 
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    tok.backend_tokenizer.save(str(out / "tokenizer.json"))
+    full = read_gguf(path, TOKENIZER_ARRAYS)
+    direct = byte_level_tokenizer_json(full)
+    if direct is not None:
+        (out / "tokenizer.json").write_text(direct)
+        bos, eos = special_token_text(full, "bos_token_id"), special_token_text(full, "eos_token_id")
+    else:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tok.backend_tokenizer.save(str(out / "tokenizer.json"))
+        bos, eos = tok.bos_token or "", tok.eos_token or ""
     meta = {
-        "chat_template": _field(reader, "tokenizer.chat_template", "") or "",
-        "bos_token": tok.bos_token or "",
-        "eos_token": tok.eos_token or "",
-        "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+        "chat_template": gguf.get("tokenizer.chat_template", "") or "",
+        "bos_token": bos,
+        "eos_token": eos,
+        "add_bos_token": bool(gguf.get("tokenizer.ggml.add_bos_token", False)),
     }
     (out / "tokenizer_config.json").write_text(json.dumps(meta, indent=1))

@@ -18,6 +18,7 @@ from headroom.llm.engine import LLMEngine
 from headroom.llm.model import DecoderForCausalLM, build_model
 from headroom.llm.offline import LLM, build_engine
 from headroom.llm.request import Request, SamplingParams
+from headroom.llm.runner import TorchRunner
 from headroom.llm.spec_decode import DraftQuery
 from headroom.llm.tokenizer import Tokenizer
 from headroom.llm.weights import TokenizerFiles, load_checkpoint
@@ -154,7 +155,7 @@ def test_one_draft_forward_per_position_for_the_batch(
     tiny_state: dict[str, torch.Tensor], prompts_of_lengths: Prompts
 ) -> None:
     net = build_model(TINY, tiny_state, torch.device("cpu"), torch.float32)
-    proposer = DraftModelProposer(net, TINY_ENGINE, num_blocks=64)
+    proposer = DraftModelProposer(TorchRunner(net, TINY_ENGINE, num_blocks=64), TINY, TINY_ENGINE)
     prompts = prompts_of_lengths([4, 9, 15])
     reqs = [Request(f"r{i}", p, GREEDY, 0.0, i) for i, p in enumerate(prompts)]
     drafts = proposer.propose([DraftQuery(r, k) for r, k in zip(reqs, (3, 1, 2), strict=True)])

@@ -1,8 +1,11 @@
 """Build (system C compiler, cached) and load (ctypes) the CPU kernels library.
 
-Every `.c` file next to this module (`paged_attention.c`, `int8_decode.c`, sharing `common.h`) is compiled into
-ONE shared library on first use with `cc -O3 -march=native -ffp-contract=off -fopenmp` (no fast-math: IEEE ops,
-explicit AVX2/FMA only where the CPU has them) into `$HEADROOM_CACHE_DIR/kernels/<hash>.so`
+Every `.c` file next to this module is compiled into ONE shared library on first use with
+`cc -O3 -ffp-contract=off -fopenmp` (no fast-math: IEEE ops, no implicit FMA contraction) into
+`$HEADROOM_CACHE_DIR/kernels/<hash>.so`. The native GGUF kernels (`native_*.c`, `native.h`) are compiled for the
+x86-64 baseline and pick their instruction set at run time (per-function `target` attributes + cpuid); the older
+file (`paged_attention.c`, with `common.h`) add `arch_flags` (`-march=native` by default:
+explicit AVX2/FMA only where the CPU has them)
 (`~/.cache/headroom` by default); the hash covers the sources, the flags, the compiler and the CPU's flags, so
 a different machine or compiler builds its own. The library's `NEEDED libgomp.so.1` resolves to the libgomp
 torch has already loaded (same soname), so there is ONE OpenMP runtime.
@@ -21,10 +24,13 @@ import tempfile
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).parent
-SOURCE_NAMES = ("common.h", "paged_attention.c", "int8_decode.c")  # hashed; the .c files are compiled
+SOURCE_NAMES = (
+    "common.h", "paged_attention.c", "native.h", "native_quant.c", "native_gemm.c", "native_step.c",
+)  # fmt: skip  # hashed; the .c files are compiled
+BASELINE_PREFIX = "native"  # sources compiled without arch_flags (run-time ISA dispatch inside)
 BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 ABI_VERSION = 2  # hr_abi_version() of the sources this module drives
-BACKENDS = ("auto", "torch", "kernel")  # values of EngineConfig.attention_backend and .decode_backend
+BACKENDS = ("auto", "torch", "kernel")  # values of EngineConfig.attention_backend
 
 
 class KernelUnavailableError(RuntimeError):
@@ -73,18 +79,28 @@ def build_library(arch_flags: tuple[str, ...] = ("-march=native",), cache_dir: P
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)  # compile aside, then rename: concurrent builds are safe
     os.close(fd)
-    compiled = [str(p) for p in sources if p.suffix == ".c"]
+    objects: list[str] = []
     try:
-        proc = subprocess.run([cc, *flags, "-o", tmp, *compiled], capture_output=True, text=True, timeout=180)
-        if proc.returncode != 0:
-            raise KernelUnavailableError(f"{cc} failed to build the kernels: {proc.stderr.strip()[-400:]}")
+        for src in (p for p in sources if p.suffix == ".c"):
+            obj = f"{tmp}.{src.stem}.o"
+            objects.append(obj)
+            extra = () if src.name.startswith(BASELINE_PREFIX) else arch_flags
+            _run_cc([cc, *BASE_FLAGS[:-1], *extra, "-c", "-o", obj, str(src)], cc)
+        _run_cc([cc, *BASE_FLAGS, "-o", tmp, *objects], cc)
         os.replace(tmp, target)
     except (OSError, subprocess.SubprocessError) as exc:
         raise KernelUnavailableError(f"building the kernels with {cc} failed: {exc}") from exc
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for leftover in (tmp, *objects):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
     return target
+
+
+def _run_cc(args: list[str], cc: str) -> None:
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=180)
+    if proc.returncode != 0:
+        raise KernelUnavailableError(f"{cc} failed to build the kernels: {proc.stderr.strip()[-400:]}")
 
 
 def open_library(path: Path) -> ctypes.CDLL:

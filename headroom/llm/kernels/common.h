@@ -12,25 +12,15 @@
 #define HR_AVX2 0
 #endif
 
-/* x * cos + roll(x, D/2) * sin_signed (the rotate-half RoPE of headroom.llm.model.apply_rotary) */
-static inline void rope_row(const float *x, const float *c, const float *s, float *o, int64_t d) {
-    const int64_t half = d / 2;
-    for (int64_t i = 0; i < half; i++) o[i] = x[i] * c[i] + x[i + half] * s[i];
-    for (int64_t i = half; i < d; i++) o[i] = x[i] * c[i] + x[i - half] * s[i];
-}
-
-#if HR_AVX2
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+/* AVX2 + FMA code in a file built for the baseline: called only after a run-time check (native_*.c) or from code
+ * compiled with those features (HR_AVX2) */
+#define HR_T_AVX2 __attribute__((target("avx2,fma")))
 /* exp (Cephes expf: range reduction by ln 2, degree-5 polynomial, ~1-2 ulp) over [-87.3, 88.4], inputs clamped
  * to that range: below it ~1e-38 instead of 0, so callers never pass -inf (attention passes score - running max,
  * SiLU passes -x) */
-static inline __m256 exp256(__m256 x) {
+HR_T_AVX2 static inline __m256 exp256(__m256 x) {
     x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
     x = _mm256_max_ps(x, _mm256_set1_ps(-87.3365447505531f));
     __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
@@ -48,6 +38,23 @@ static inline __m256 exp256(__m256 x) {
     __m256i n = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
     return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
 }
+#endif
+
+/* x * cos + roll(x, D/2) * sin_signed (the rotate-half RoPE of headroom.llm.model.apply_rotary) */
+static inline void rope_row(const float *x, const float *c, const float *s, float *o, int64_t d) {
+    const int64_t half = d / 2;
+    for (int64_t i = 0; i < half; i++) o[i] = x[i] * c[i] + x[i + half] * s[i];
+    for (int64_t i = half; i < d; i++) o[i] = x[i] * c[i] + x[i - half] * s[i];
+}
+
+#if HR_AVX2
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 #endif
 
 /* RoPE on a step's fused q/k/v rows, k and v written into their cache slots (paged_attention.c). */

@@ -1,0 +1,234 @@
+"""The whole model step on GGUF block-quantised weights in one C call (`native_step.c`, `native_gemm.c`).
+
+`NativeStepKernel.step(batch)` runs any flat ModelBatch (prefill chunks, decodes, speculative verification rows,
+many sequences at once) and returns the logits rows in TorchRunner's order. The weights stay in their GGUF
+formats (`NativeDecoderWeights`: QTensors that may be views of a memory map); the K/V cache is TorchRunner's
+([Hkv, num_slots, D] fp32 per layer), so swap and preemption work unchanged. Batch-invariant: a sequence's logits
+are bit-identical alone or beside others, prefilled whole or in chunks, on any thread count (see native_step.c).
+
+q/k rows must be in Hugging Face's rotate-half order: a GGUF (llama) stores them permuted for interleaved RoPE;
+reorder the ROWS of the raw bytes (`permute_rows`) - each row is whole blocks, so no requantisation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+import torch
+
+from headroom.llm.config import DecoderConfig
+from headroom.llm.kernels.native_gemm import ISA_NAMES, CQTensor, c_qtensor, resolve_isa
+from headroom.llm.model import Rotary
+from headroom.llm.quant_blocks import QK, QTensor
+
+if TYPE_CHECKING:
+    from headroom.llm.runner import ModelBatch
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+
+@dataclass(frozen=True, slots=True)
+class NativeLayerWeights:
+    """One decoder layer: RMSNorm weights (fp32 [hidden]), the seven linears (out x in), optional q/k/v biases."""
+
+    input_norm: np.ndarray
+    post_norm: np.ndarray
+    q: QTensor
+    k: QTensor
+    v: QTensor
+    o: QTensor
+    gate: QTensor
+    up: QTensor
+    down: QTensor
+    q_bias: np.ndarray | None = None
+    k_bias: np.ndarray | None = None
+    v_bias: np.ndarray | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NativeDecoderWeights:
+    """A whole decoder for the native step (lm_head is the embedding QTensor when tied)."""
+
+    config: DecoderConfig
+    embed: QTensor  # [vocab, hidden]
+    layers: tuple[NativeLayerWeights, ...]
+    final_norm: np.ndarray  # fp32 [hidden]
+    lm_head: QTensor  # [vocab, hidden]
+
+    def validate(self) -> None:
+        """Raise ValueError when a shape does not fit the config."""
+        c = self.config
+        hid, inter = c.hidden_size, c.intermediate_size
+        hd, kvd = c.num_attention_heads * c.head_dim_resolved, c.num_key_value_heads * c.head_dim_resolved
+        for width, what in ((hid, "hidden_size"), (hd, "heads * head_dim"), (inter, "intermediate_size")):
+            if width % QK:
+                raise ValueError(f"native kernels need {what} ({width}) to be a multiple of {QK}")
+        if self.final_norm.shape != (hid,):
+            raise ValueError(f"final_norm has shape {self.final_norm.shape}, expected ({hid},)")
+        if len(self.layers) != c.num_hidden_layers:
+            raise ValueError(f"{len(self.layers)} layers, config says {c.num_hidden_layers}")
+        want = {"embed": (c.vocab_size, hid), "lm_head": (c.vocab_size, hid)}
+        got = {"embed": self.embed, "lm_head": self.lm_head}
+        for i, ly in enumerate(self.layers):
+            shapes = {"q": (hd, hid), "k": (kvd, hid), "v": (kvd, hid), "o": (hid, hd), "gate": (inter, hid),
+                      "up": (inter, hid), "down": (hid, inter)}  # fmt: skip
+            for name, shape in shapes.items():
+                want[f"layers.{i}.{name}"] = shape
+                got[f"layers.{i}.{name}"] = getattr(ly, name)
+            vectors = (
+                ("input_norm", ly.input_norm, hid), ("post_norm", ly.post_norm, hid), ("q_bias", ly.q_bias, hd),
+                ("k_bias", ly.k_bias, kvd), ("v_bias", ly.v_bias, kvd),
+            )  # fmt: skip
+            for name, vec, n in vectors:
+                if vec is not None and vec.shape != (n,):
+                    raise ValueError(f"layers.{i}.{name} has shape {vec.shape}, expected ({n},)")
+        for name, shape in want.items():
+            t = got[name]
+            if (t.rows, t.cols) != shape:
+                raise ValueError(f"{name} is {t.rows}x{t.cols}, expected {shape[0]}x{shape[1]}")
+
+
+def permute_rows(t: QTensor, order: np.ndarray) -> QTensor:
+    """A copy of `t` with its rows in `order` (new row i = old row order[i])."""
+    data = t.data.reshape(t.rows, t.row_bytes)[np.asarray(order)]
+    return QTensor(t.fmt, t.rows, t.cols, np.ascontiguousarray(data).reshape(-1))
+
+
+class NativeLayer(ctypes.Structure):
+    """`hr_native_layer`."""
+
+    _fields_ = [
+        ("input_norm", _P), ("post_norm", _P), ("q_bias", _P), ("k_bias", _P), ("v_bias", _P),
+        ("q", CQTensor), ("k", CQTensor), ("v", CQTensor), ("o", CQTensor), ("gate", CQTensor), ("up", CQTensor),
+        ("down", CQTensor), ("k_cache", _P), ("v_cache", _P),
+    ]  # fmt: skip
+
+
+class NativeModel(ctypes.Structure):
+    """`hr_native_model`."""
+
+    _fields_ = [
+        ("num_layers", _I), ("hidden", _I), ("num_heads", _I), ("num_kv_heads", _I), ("head_dim", _I),
+        ("intermediate", _I), ("vocab", _I), ("num_slots", _I), ("block_size", _I), ("max_positions", _I),
+        ("eps", ctypes.c_float), ("embed", CQTensor), ("cos_table", _P), ("sin_table", _P), ("final_norm", _P),
+        ("layers", ctypes.POINTER(NativeLayer)), ("lm_head", CQTensor),
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """A ModelBatch flattened for `hr_native_step` (int64 arrays)."""
+
+    ids: np.ndarray  # [T]
+    positions: np.ndarray  # [T]
+    seq_of: np.ndarray  # [T] index of the token's item
+    tables: np.ndarray  # [items, max_blocks]
+    logit_rows: np.ndarray  # [R] token indices whose logits come back
+
+
+def plan_step(batch: ModelBatch) -> StepPlan:
+    """Flatten a batch; logits rows follow TorchRunner (per item wanting logits, its last num_logits tokens)."""
+    bs = batch.block_size_tokens
+    items = batch.items
+    lengths = [len(it.token_ids) for it in items]
+    max_blocks = max(1, *(-(-(it.start_position + n) // bs) for it, n in zip(items, lengths, strict=True)))
+    tables = np.zeros((max(len(items), 1), max_blocks), dtype=np.int64)
+    rows: list[int] = []
+    t = 0
+    for i, (it, n) in enumerate(zip(items, lengths, strict=True)):
+        used = min(len(it.block_table), max_blocks)
+        tables[i, :used] = it.block_table[:used]
+        tables[i, used:] = -1  # a position past the table is refused by the kernel
+        if it.needs_logits:
+            rows.extend(range(t + n - it.num_logits, t + n))
+        t += n
+    spans = [np.arange(it.start_position, it.start_position + n) for it, n in zip(items, lengths, strict=True)]
+    return StepPlan(
+        ids=np.fromiter((tok for it in items for tok in it.token_ids), dtype=np.int64, count=t),
+        positions=np.concatenate(spans or [np.zeros(0, dtype=np.int64)]).astype(np.int64),
+        seq_of=np.repeat(np.arange(len(items), dtype=np.int64), lengths),
+        tables=tables,
+        logit_rows=np.asarray(rows, dtype=np.int64),
+    )
+
+
+class NativeStepKernel:
+    """Prepared native weights + the K/V caches, seen by `hr_native_step`."""
+
+    def __init__(
+        self,
+        lib: ctypes.CDLL,
+        weights: NativeDecoderWeights,
+        kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        block_size_tokens: int,
+        isa: str | None = None,
+    ) -> None:
+        """`isa`: a path to force (else `$HEADROOM_KERNEL_ISA`, else the best this CPU runs)."""
+        weights.validate()
+        cfg = weights.config
+        self.isa = resolve_isa(lib, isa)
+        self.vocab_size = cfg.vocab_size
+        self.block_size = block_size_tokens
+        num_slots = int(kv_caches[0][0].shape[1])
+        d = cfg.head_dim_resolved
+        for k_cache, v_cache in kv_caches:
+            for c in (k_cache, v_cache):
+                if c.dtype != torch.float32 or c.device.type != "cpu" or not c.is_contiguous() or tuple(c.shape) != (
+                    cfg.num_key_value_heads, num_slots, d
+                ):  # fmt: skip
+                    raise ValueError(f"native step needs contiguous fp32 CPU K/V caches [Hkv, slots, D], got {c.shape}")
+        if len(kv_caches) != cfg.num_hidden_layers or num_slots % block_size_tokens:
+            raise ValueError("native step: one (K, V) pair per layer, slots a multiple of the block size")
+        rot = Rotary(d, cfg.max_position_embeddings, cfg.rope_theta)
+        self.kv_caches = list(kv_caches)  # the caches this kernel writes (TorchRunner's layout)
+        self._keep: list[object] = [weights]  # everything else the C structs point into
+        cos, sin = self._f32(cast(torch.Tensor, rot.cos)), self._f32(cast(torch.Tensor, rot.sin_signed))
+        layers = (NativeLayer * cfg.num_hidden_layers)()
+        for i, ly in enumerate(weights.layers):
+            k_cache, v_cache = kv_caches[i]
+            layers[i] = NativeLayer(
+                self._f32(ly.input_norm), self._f32(ly.post_norm), self._f32(ly.q_bias), self._f32(ly.k_bias),
+                self._f32(ly.v_bias), c_qtensor(ly.q), c_qtensor(ly.k), c_qtensor(ly.v), c_qtensor(ly.o),
+                c_qtensor(ly.gate), c_qtensor(ly.up), c_qtensor(ly.down), k_cache.data_ptr(), v_cache.data_ptr(),
+            )  # fmt: skip
+        self._layers = layers
+        self._model = NativeModel(
+            cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, d,
+            cfg.intermediate_size, cfg.vocab_size, num_slots, block_size_tokens, cfg.max_position_embeddings,
+            cfg.rms_norm_eps, c_qtensor(weights.embed), cos, sin, self._f32(weights.final_norm), layers,
+            c_qtensor(weights.lm_head),
+        )  # fmt: skip
+        self._fn = lib.hr_native_step
+        self._fn.argtypes = [ctypes.POINTER(NativeModel), _I, _P, _P, _P, _I, _P, _I, _P, _I, _P, _I, _I]
+        self._fn.restype = ctypes.c_int
+
+    def _f32(self, a: np.ndarray | torch.Tensor | None) -> int:
+        if a is None:
+            return 0
+        arr = np.ascontiguousarray(a.detach().numpy() if isinstance(a, torch.Tensor) else a, dtype=np.float32)
+        self._keep.append(arr)
+        return int(arr.ctypes.data)
+
+    def step(self, batch: ModelBatch, num_threads: int = 1) -> torch.Tensor:
+        """Run the batch; returns fp32 logits [rows, vocab] (TorchRunner.execute's rows). Raises ValueError for an
+        out-of-range token id, position or block (the cache is then untouched)."""
+        if batch.block_size_tokens != self.block_size:
+            raise ValueError(f"batch block size {batch.block_size_tokens} != the cache's {self.block_size}")
+        if not batch.items or not any(it.token_ids for it in batch.items):
+            return torch.empty((0, self.vocab_size), dtype=torch.float32)
+        p = plan_step(batch)
+        logits = torch.empty((len(p.logit_rows), self.vocab_size), dtype=torch.float32)
+        rc = self._fn(
+            ctypes.byref(self._model), len(p.ids), p.ids.ctypes.data, p.positions.ctypes.data, p.seq_of.ctypes.data,
+            p.tables.shape[0], p.tables.ctypes.data, p.tables.shape[1], p.logit_rows.ctypes.data, len(p.logit_rows),
+            logits.data_ptr(), ISA_NAMES.index(self.isa), max(1, num_threads),
+        )  # fmt: skip
+        if rc == -1:
+            raise MemoryError("hr_native_step: out of memory")
+        if rc != 0:
+            raise ValueError("native step refused the batch: a token id, position or cache block is out of range")
+        return logits

@@ -1,0 +1,229 @@
+/* One whole model step on GGUF block-quantised weights, in one call (CPU): any flat mix of prefill chunks and
+ * decodes of many sequences (native.py drives it).
+ *
+ * Per token: embedding row (dequantised), per layer RMSNorm, q/k/v (native_gemm.c), RoPE, K/V written into the
+ * paged fp32 cache (TorchRunner's layout: [Hkv, num_slots, D] per layer), attention over the token's own sequence
+ * positions [0, pos] through its block table, o-proj + residual, RMSNorm, gate/up, SiLU * up, down + residual; then
+ * the final norm and the lm_head only for the rows that want logits.
+ *
+ * Batch invariance: every per-token computation reads only that token's row (and its own sequence's cache), in a
+ * fixed order: the GEMMs' rows are independent (native_gemm.c), norms / quantisation / RoPE run per row, and each
+ * query's attention walks its keys block by block from position 0. A step writes ALL its tokens' K/V of a layer
+ * before any attention of that layer, so a chunk's queries see the chunk's own keys: whole and chunked prefill
+ * give the same bits, alone or beside other sequences, on 1 or N threads.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "native.h"
+
+int hr_has_avx2(void);
+
+typedef struct {
+    const float *input_norm, *post_norm;   /* [hidden] RMSNorm weights */
+    const float *q_bias, *k_bias, *v_bias; /* [H D], [Hkv D], [Hkv D], or NULL (Qwen2 has them) */
+    hr_qtensor q, k, v, o, gate, up, down;
+    float *k_cache, *v_cache; /* [Hkv, num_slots, D] fp32 */
+} hr_native_layer;
+
+typedef struct {
+    int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, vocab;
+    int64_t num_slots, block_size, max_positions;
+    float eps;
+    hr_qtensor embed;                   /* [vocab, hidden], any format */
+    const float *cos_table, *sin_table; /* [max_positions, D]: Rotary.cos and Rotary.sin_signed */
+    const float *final_norm;            /* [hidden] */
+    const hr_native_layer *layers;      /* [num_layers] */
+    hr_qtensor lm_head;                 /* [vocab, hidden] (the embedding when tied) */
+} hr_native_model;
+
+/* y = x / sqrt(mean(x^2) + eps) * w (sequential sum: a fixed order per row) */
+static void rms_norm(const float *x, int64_t n, const float *w, float eps, float *y) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    const float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * r * w[i];
+}
+
+/* where a step's activations are quantised (q8 values, the VNNI path's transposed copy, block scales and sums) */
+typedef struct {
+    int8_t *q, *qt;
+    float *d, *s;
+} act_bufs;
+
+static void bind(hr_qact *a, const float *x, int64_t m, int64_t k, const act_bufs *b) {
+    a->x = x, a->q = b->q, a->qt = b->qt, a->d = b->d, a->s = b->s, a->m = m, a->k = k;
+}
+
+static void quantize_row_t(const float *x, int64_t t, int64_t k, const act_bufs *b, int64_t isa) {
+    hr_quantize_rows_isa(x + t * k, 1, k, b->q + t * k, b->d + t * (k / HR_QK), b->s + t * (k / HR_QK), b->qt + t * k, isa);
+}
+
+/* rows of src [T, k] -> an activation, split over the team (implicit barrier at the end) */
+static void quantize_team(const float *src, int64_t T, int64_t k, hr_qact *a, const act_bufs *b, int64_t isa) {
+    bind(a, src, T, k, b);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; t++) quantize_row_t(src, t, k, b, isa);
+}
+
+/* RMSNorm of h's rows into xn, quantised in the same pass */
+static void norm_quantize_team(const float *h, int64_t T, int64_t k, const float *w, float eps, float *xn, hr_qact *a,
+                               const act_bufs *b, int64_t isa) {
+    bind(a, xn, T, k, b);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        rms_norm(h + t * k, k, w, eps, xn + t * k);
+        quantize_row_t(xn, t, k, b, isa);
+    }
+}
+
+/* g[i] = silu(g[i]) * u[i] over one row: 8 at a time with the vector exp on a SIMD path, libm's expf otherwise and
+ * for the tail (each element's ops depend only on its index and the path) */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+HR_T_AVX2 static int64_t silu_mul_avx2(float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        const __m256 sv = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(sv, _mm256_loadu_ps(u + i)));
+    }
+    return i;
+}
+#endif
+
+static void silu_mul(float *g, const float *u, int64_t n, int64_t isa) {
+    int64_t i = 0;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (isa != HR_ISA_SCALAR) i = silu_mul_avx2(g, u, n);
+#endif
+    (void)isa;
+    for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* silu(g) * u in place over g's rows, quantised in the same pass */
+static void silu_quantize_team(float *g, const float *u, int64_t T, int64_t k, hr_qact *a, const act_bufs *b,
+                               int64_t isa) {
+    bind(a, g, T, k, b);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        silu_mul(g + t * k, u + t * k, k, isa);
+        quantize_row_t(g, t, k, b, isa);
+    }
+}
+
+static int check_step(const hr_native_model *m, int64_t T, const int64_t *ids, const int64_t *pos,
+                      const int64_t *seq_of, int64_t num_seqs, const int64_t *tables, int64_t max_blocks,
+                      const int64_t *logit_rows, int64_t num_logits, int64_t isa) {
+    const int64_t num_blocks = m->num_slots / m->block_size;
+    if (T < 1 || num_seqs < 1 || max_blocks < 1 || num_logits < 0) return -2;
+    if (hr_check_tensor(&m->embed, isa) || hr_check_tensor(&m->lm_head, isa)) return -2;
+    for (int64_t t = 0; t < T; t++) {
+        if (ids[t] < 0 || ids[t] >= m->vocab || pos[t] < 0 || pos[t] >= m->max_positions || seq_of[t] < 0 ||
+            seq_of[t] >= num_seqs || pos[t] / m->block_size >= max_blocks)
+            return -2;
+        const int64_t *table = tables + seq_of[t] * max_blocks;
+        for (int64_t b = 0; b <= pos[t] / m->block_size; b++)
+            if (table[b] < 0 || table[b] >= num_blocks) return -2;
+    }
+    for (int64_t r = 0; r < num_logits; r++)
+        if (logit_rows[r] < 0 || logit_rows[r] >= T) return -2;
+    return 0;
+}
+
+/* A step of T tokens: token t is ids[t] at position pos[t] of sequence seq_of[t], whose block table is
+ * tables[seq_of[t] * max_blocks ...]; logits [num_logits, vocab] for the tokens logit_rows[]. Returns 0; -1 out of
+ * memory; -2 an id, position, sequence, block or row out of range, or a bad weight / path (nothing written). */
+int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, const int64_t *pos, const int64_t *seq_of,
+                   int64_t num_seqs, const int64_t *tables, int64_t max_blocks, const int64_t *logit_rows,
+                   int64_t num_logits, float *logits, int64_t isa, int64_t num_threads) {
+    if (num_threads < 1 || check_step(m, T, ids, pos, seq_of, num_seqs, tables, max_blocks, logit_rows, num_logits, isa))
+        return -2;
+    const int64_t H = m->hidden, nh = m->num_heads, nkv = m->num_kv_heads, D = m->head_dim, I = m->intermediate;
+    const int64_t hd = nh * D, kvd = nkv * D, group = nh / nkv, bs = m->block_size;
+    const int64_t wide = I > hd ? (I > H ? I : H) : (hd > H ? hd : H);
+    const int64_t R = num_logits > 0 ? num_logits : 1;
+    float *h = malloc((size_t)(T * H) * sizeof(float)), *xn = malloc((size_t)(T * wide) * sizeof(float));
+    float *qb = malloc((size_t)(T * hd) * sizeof(float)), *kb = malloc((size_t)(T * kvd) * sizeof(float));
+    float *vb = malloc((size_t)(T * kvd) * sizeof(float)), *qr = malloc((size_t)(T * hd) * sizeof(float));
+    float *g = malloc((size_t)(T * I) * sizeof(float)), *u = malloc((size_t)(T * I) * sizeof(float));
+    float *d = malloc((size_t)(T * wide / HR_QK + 1) * sizeof(float));
+    float *s = malloc((size_t)(T * wide / HR_QK + 1) * sizeof(float)), *fin = malloc((size_t)(R * H) * sizeof(float));
+    int64_t *slot = malloc((size_t)T * sizeof(int64_t));
+    int8_t *q8 = malloc((size_t)(T * wide)), *q8t = malloc((size_t)(T * wide));
+    int rc = 0;
+    if (!h || !xn || !qb || !kb || !vb || !qr || !g || !u || !d || !s || !fin || !slot || !q8 || !q8t) {
+        rc = -1;
+        goto done;
+    }
+    for (int64_t l = 0; l < m->num_layers; l++) {
+        const hr_native_layer *ly = &m->layers[l];
+        const hr_qtensor *ws[7] = {&ly->q, &ly->k, &ly->v, &ly->o, &ly->gate, &ly->up, &ly->down};
+        for (int i = 0; i < 7; i++)
+            if (hr_check_tensor(ws[i], isa)) {
+                rc = -2;
+                goto done;
+            }
+    }
+    for (int64_t t = 0; t < T; t++) slot[t] = tables[seq_of[t] * max_blocks + pos[t] / bs] * bs + pos[t] % bs;
+    const act_bufs bufs = {q8, q8t, d, s};
+    const float scale = 1.0f / sqrtf((float)D);
+    const int vec = isa != HR_ISA_SCALAR && hr_has_avx2() && D % 8 == 0;
+#pragma omp parallel num_threads((int)num_threads)
+    {
+        hr_qact a;
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++) hr_dequantize_row(&m->embed, ids[t], h + t * H);
+        for (int64_t l = 0; l < m->num_layers; l++) {
+            const hr_native_layer *ly = &m->layers[l];
+            norm_quantize_team(h, T, H, ly->input_norm, m->eps, xn, &a, &bufs, isa);
+            hr_gemm_team(&ly->q, &a, qb, hd, 0, isa); /* q, k, v: no barrier between (independent outputs) */
+            hr_gemm_team(&ly->k, &a, kb, kvd, 0, isa);
+            hr_gemm_team(&ly->v, &a, vb, kvd, 0, isa);
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < T; t++) {
+                float *qt = qb + t * hd, *kt = kb + t * kvd, *vt = vb + t * kvd;
+                const float *c = m->cos_table + pos[t] * D, *sn = m->sin_table + pos[t] * D;
+                for (int64_t i = 0; ly->q_bias && i < hd; i++) qt[i] = qt[i] + ly->q_bias[i];
+                for (int64_t i = 0; ly->k_bias && i < kvd; i++) kt[i] = kt[i] + ly->k_bias[i];
+                for (int64_t i = 0; ly->v_bias && i < kvd; i++) vt[i] = vt[i] + ly->v_bias[i];
+                for (int64_t hh = 0; hh < nh; hh++) rope_row(qt + hh * D, c, sn, qr + t * hd + hh * D, D);
+                for (int64_t hh = 0; hh < nkv; hh++) {
+                    rope_row(kt + hh * D, c, sn, ly->k_cache + (hh * m->num_slots + slot[t]) * D, D);
+                    memcpy(ly->v_cache + (hh * m->num_slots + slot[t]) * D, vt + hh * D, (size_t)D * sizeof(float));
+                }
+            }
+            /* every K/V of the step is written (the barrier above) before any query attends */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t task = 0; task < T * nkv; task++) {
+                const int64_t t = task / nkv, kh = task % nkv;
+                hr_attend_one(qr + t * hd + kh * group * D, ly->k_cache + kh * m->num_slots * D,
+                              ly->v_cache + kh * m->num_slots * D, tables + seq_of[t] * max_blocks, pos[t] + 1, bs,
+                              group, D, scale, qb + t * hd + kh * group * D, vec);
+            }
+            quantize_team(qb, T, hd, &a, &bufs, isa);
+            hr_gemm_team(&ly->o, &a, h, H, 1, isa);
+#pragma omp barrier
+            norm_quantize_team(h, T, H, ly->post_norm, m->eps, xn, &a, &bufs, isa);
+            hr_gemm_team(&ly->gate, &a, g, I, 0, isa);
+            hr_gemm_team(&ly->up, &a, u, I, 0, isa);
+#pragma omp barrier
+            silu_quantize_team(g, u, T, I, &a, &bufs, isa);
+            hr_gemm_team(&ly->down, &a, h, H, 1, isa);
+#pragma omp barrier
+        }
+        if (num_logits > 0) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < num_logits; r++) rms_norm(h + logit_rows[r] * H, H, m->final_norm, m->eps, fin + r * H);
+            quantize_team(fin, num_logits, H, &a, &bufs, isa);
+            hr_gemm_team(&m->lm_head, &a, logits, m->vocab, 0, isa);
+        }
+    }
+done:
+    free(h), free(xn), free(qb), free(kb), free(vb), free(qr), free(g), free(u), free(d), free(s), free(fin);
+    free(slot), free(q8), free(q8t);
+    return rc;
+}

@@ -1,0 +1,58 @@
+"""The native block-quant GEMM: every path this CPU runs is bit-identical to quant_blocks.reference_matmul."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from headroom.llm import quant_blocks as qb
+from headroom.llm.kernels.native_gemm import ISA_ENV, native_gemm, resolve_isa, supported_isas
+
+# (M, N, K): ragged M and N (M past the 64-row tile), K with a block tail (K/32 not a multiple of 8)
+SHAPES = [(1, 1, 32), (3, 17, 96), (5, 33, 288), (8, 40, 576), (33, 7, 1056), (2, 19, 40), (70, 9, 288)]
+
+
+@pytest.mark.parametrize("fmt", qb.FORMATS)
+def test_every_path_is_bit_exact(lib: ctypes.CDLL, isa: str, fmt: str) -> None:
+    rng = np.random.default_rng(hash((isa, fmt)) % 2**32)
+    for m, n, k in SHAPES:
+        if k % qb.QK and fmt not in qb.ELEMENT_BYTES:
+            continue
+        w = qb.QTensor(fmt, n, k, qb.quantize_weights(fmt, rng.standard_normal((n, k)).astype(np.float32)))
+        x = (rng.standard_normal((m, k)) * rng.uniform(0.01, 10)).astype(np.float32)
+        x[0, : min(k, 32)] = 0.0  # an all-zero block
+        want = qb.reference_matmul(fmt, w.data, n, k, x)
+        got = native_gemm(lib, w, x, isa, num_threads=2)
+        np.testing.assert_array_equal(got, want, err_msg=f"{fmt} {isa} M={m} N={n} K={k}")
+
+
+def test_rows_independent_of_batch_and_threads(lib: ctypes.CDLL, isa: str) -> None:
+    rng = np.random.default_rng(5)
+    w = qb.QTensor("Q4_1", 70, 576, qb.quantize_weights("Q4_1", rng.standard_normal((70, 576)).astype(np.float32)))
+    x = rng.standard_normal((32, 576)).astype(np.float32)
+    full = native_gemm(lib, w, x, isa, num_threads=2)
+    np.testing.assert_array_equal(native_gemm(lib, w, x[7:8], isa, num_threads=1), full[7:8])
+
+
+def test_dispatch_and_forcing(lib: ctypes.CDLL) -> None:
+    have = supported_isas(lib)
+    assert have[0] == "scalar"
+    assert resolve_isa(lib, env={}) == have[-1]
+    assert resolve_isa(lib, env={ISA_ENV: "scalar"}) == "scalar"
+    assert resolve_isa(lib, "scalar", env={ISA_ENV: have[-1]}) == "scalar"  # an argument beats the env
+    with pytest.raises(ValueError, match="expected one of"):
+        resolve_isa(lib, env={ISA_ENV: "sse9"})
+    for name in ("avx2", "avx512vnni"):
+        if name not in have:
+            with pytest.raises(ValueError, match="not supported by this CPU"):
+                resolve_isa(lib, name)
+
+
+def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
+    w = qb.QTensor("Q8_0", 2, 32, qb.quantize_weights("Q8_0", np.ones((2, 32), dtype=np.float32)))
+    with pytest.raises(ValueError, match="must be"):
+        native_gemm(lib, w, np.ones((1, 31), dtype=np.float32), "scalar")
+    with pytest.raises(ValueError, match="refused"):
+        native_gemm(lib, w, np.ones((1, 32), dtype=np.float32), "scalar", num_threads=0)
