@@ -19,11 +19,18 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from headroom.core.errors import DeadlineExceeded, HeadroomError, InvalidRequest, ModelNotFound, NotReady
+from headroom.core.errors import (
+    ContextLengthExceeded,
+    DeadlineExceeded,
+    HeadroomError,
+    InvalidRequest,
+    ModelNotFound,
+    NotReady,
+)
 from headroom.gateway.usage import LLMUsage
 from headroom.llm.async_engine import AsyncLLMEngine
 from headroom.llm.openai_protocol import (
@@ -36,8 +43,10 @@ from headroom.llm.openai_protocol import (
 )
 from headroom.llm.request import FinishReason, SamplingParams, SequenceOutput, TokenLogprob, merge_timelines
 from headroom.llm.tokenizer import Tokenizer
+from headroom.llm.validation import Kind, check_body, logit_bias, token_ids
 
 UsageCallback = Callable[[LLMUsage], None]
+_R = TypeVar("_R", bound=BaseRequest)
 
 
 class OpenAIServing:
@@ -69,7 +78,7 @@ class OpenAIServing:
         """`on_usage` gets one `LLMUsage` when a generation that was admitted ends (never for refusals)."""
         started_s = time.monotonic()
         try:
-            req = ChatRequest.model_validate(body)
+            req = self._parse(body, "chat", ChatRequest)
             tok = self._ready()
             messages = [{"role": m.role, "content": _content_text(m.content)} for m in req.messages]
             prompt_ids = tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
@@ -84,7 +93,7 @@ class OpenAIServing:
         """`on_usage` gets one `LLMUsage` when a generation that was admitted ends (never for refusals)."""
         started_s = time.monotonic()
         try:
-            req = CompletionRequest.model_validate(body)
+            req = self._parse(body, "completion", CompletionRequest)
             tok = self._ready()
             prompt = req.prompt
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
@@ -94,9 +103,7 @@ class OpenAIServing:
             if isinstance(prompt, str):
                 prompt_ids = tok.encode(prompt)
             else:
-                prompt_ids = [int(t) for t in prompt]
-                if any(t < 0 or t >= tok.vocab_size for t in prompt_ids):
-                    raise InvalidRequest(f"prompt: token ids must be in [0, {tok.vocab_size})")
+                prompt_ids = list(token_ids(prompt, "prompt", self._vocab_size()))
             if req.echo:
                 raise InvalidRequest("echo: not supported; resend without echo")
             params = self._params(req, prompt_ids, req.max_tokens, req.logprobs)
@@ -105,6 +112,19 @@ class OpenAIServing:
             return from_exception(exc)
 
     # --- internals --------------------------------------------------------------------------------------
+    def _parse(self, body: Any, kind: Kind, model: type[_R]) -> _R:
+        """`body` checked field by field (headroom.llm.validation), then typed."""
+        if not isinstance(body, dict):
+            raise InvalidRequest("the request body must be a JSON object")
+        return model.model_validate(check_body(body, kind, frozenset(model.model_fields), self._vocab_size()))
+
+    def _vocab_size(self) -> int | None:
+        """Token ids a request may name: the tokenizer's and the model's logits' vocabulary alike."""
+        sizes = [self.tokenizer.vocab_size] if self.tokenizer is not None else []
+        if self.engine is not None:
+            sizes.append(self.engine.engine.runner.vocab_size)
+        return min(sizes) if sizes else None
+
     def _ready(self) -> Tokenizer:
         if self.engine is None or self.tokenizer is None or not self.engine.healthy:
             raise NotReady(f"model {self.model_name!r} is loading or stopped; retry shortly")
@@ -124,7 +144,7 @@ class OpenAIServing:
             limit = min(limit, kv.num_blocks * kv.block_size)
         room = limit - len(prompt_ids)
         if max_tokens is None and room < 1:
-            raise InvalidRequest(
+            raise ContextLengthExceeded(
                 f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
                 f"{len(prompt_ids)}; shorten it"
             )
@@ -140,14 +160,13 @@ class OpenAIServing:
             frequency_penalty=req.frequency_penalty,
             seed=req.seed,
             stop=stop,
-            stop_token_ids=tuple(req.stop_token_ids or ()),
+            stop_token_ids=token_ids(req.stop_token_ids or [], "stop_token_ids", self._vocab_size()),
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            logit_bias=logit_bias(req.logit_bias, self._vocab_size()) if req.logit_bias else (),
         )
-        try:
-            params.validate()
-        except ValueError as exc:
-            raise InvalidRequest(str(exc)) from None
+        params.validate()
         return params
 
     async def _run(
