@@ -15,8 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from headroom.core.errors import HeadroomError
-from headroom.llm.validation import FieldError
-from headroom.protocol.openai_errors import error_code, openai_error_body
+from headroom.protocol.openai_errors import exception_body, openai_error_body
 
 
 class BaseRequest(BaseModel):
@@ -101,10 +100,9 @@ def from_exception(exc: Exception) -> ServingResponse:
         param = ".".join(str(p) for p in err["loc"]) or None
         code = "unknown_parameter" if err["type"] == "extra_forbidden" else "invalid_value"
         return error_response(400, f"{param}: {err['msg']}" if param else err["msg"], param, code=code)
-    if isinstance(exc, FieldError):
-        return error_response(400, exc.message, exc.param, code=exc.code)
     if isinstance(exc, HeadroomError):
-        return error_response(exc.http_status, exc.message, retry_after_s=exc.retry_after_s, code=error_code(exc))
+        headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s is not None else {}
+        return ServingResponse(status=exc.http_status, body=exception_body(exc), headers=headers)
     return error_response(500, f"internal error: {exc}")
 
 

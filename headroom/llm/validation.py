@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from headroom.core.errors import InvalidRequest
+from headroom.protocol.openai_errors import FieldError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
@@ -31,15 +31,7 @@ MAX_LOGIT_BIAS_ENTRIES = 1024
 TEMPERATURE_GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature decodes greedily
 
 Kind = Literal["chat", "completion"]
-
-
-class FieldError(InvalidRequest):
-    """A request field is missing its type or range: 400 naming the field (OpenAI's `param`)."""
-
-    def __init__(self, param: str | None, message: str, code: str = "invalid_value") -> None:
-        super().__init__(message)
-        self.param = param
-        self.code = code
+__all__ = ["FieldError", "check_body", "check_range", "logit_bias", "token_ids"]
 
 
 @dataclass(frozen=True, slots=True)
