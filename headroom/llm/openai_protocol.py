@@ -37,6 +37,7 @@ class BaseRequest(BaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    safety_identifier: str | None = None
     # vendor extensions (vLLM's meanings): validation.VENDOR_EXTENSIONS
     top_k: int = 0
     min_p: float = 0.0

@@ -76,7 +76,7 @@ RANGES: Mapping[str, Range] = {
 }
 
 BOOLEANS = frozenset({"stream", "echo", "ignore_eos", "include_stop_str_in_output"})
-STRINGS = frozenset({"model", "user"})
+STRINGS = frozenset({"model", "user", "safety_identifier"})
 
 #: Fields beyond OpenAI's API that headroom honours, with vLLM's meaning (docs/openai.md lists them).
 VENDOR_EXTENSIONS = (
@@ -103,6 +103,10 @@ REFUSED: Mapping[str, str] = {
     "reasoning_effort": "this model has no reasoning effort setting",
     "web_search_options": "web search is not supported",
     "service_tier": "there is one service tier",
+    "verbosity": "this model has no verbosity setting",
+    "moderation": "moderation is not supported",
+    "prompt_cache_key": "prefix caching is automatic; prompt_cache_key is not supported",
+    "prompt_cache_retention": "prefix caching is automatic; prompt_cache_retention is not supported",
 }
 
 _STREAM_OPTIONS = frozenset({"include_usage"})
