@@ -43,7 +43,7 @@ from headroom.llm.openai_protocol import (
 )
 from headroom.llm.request import FinishReason, SamplingParams, SequenceOutput, TokenLogprob, merge_timelines
 from headroom.llm.tokenizer import Tokenizer
-from headroom.llm.validation import Kind, check_body, logit_bias, token_ids
+from headroom.llm.validation import FieldError, Kind, check_body, logit_bias, token_ids
 
 UsageCallback = Callable[[LLMUsage], None]
 _R = TypeVar("_R", bound=BaseRequest)
@@ -98,14 +98,12 @@ class OpenAIServing:
             prompt = req.prompt
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
                 if len(prompt) != 1:
-                    raise InvalidRequest("prompt: send one prompt per request (a list of one string is accepted)")
+                    raise FieldError("prompt", "send one prompt per request (a list of one string is accepted)")
                 prompt = prompt[0]
             if isinstance(prompt, str):
                 prompt_ids = tok.encode(prompt)
             else:
                 prompt_ids = list(token_ids(prompt, "prompt", self._vocab_size()))
-            if req.echo:
-                raise InvalidRequest("echo: not supported; resend without echo")
             params = self._params(req, prompt_ids, req.max_tokens, req.logprobs)
             return await self._run("text", req, prompt_ids, params, _Tally(started_s, len(prompt_ids), on_usage))
         except (ValidationError, HeadroomError) as exc:
@@ -136,7 +134,7 @@ class OpenAIServing:
         if req.model and req.model != self.model_name:
             raise ModelNotFound(f"the model {req.model!r} does not exist; this server serves {self.model_name!r}")
         if not prompt_ids:
-            raise InvalidRequest("the prompt is empty")
+            raise FieldError("prompt" if isinstance(req, CompletionRequest) else "messages", "the prompt is empty")
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
         limit = self.max_model_len
         if self.engine is not None:  # an unspecified max_tokens also has to fit the KV pool
@@ -368,7 +366,9 @@ def _content_text(content: str | list[dict[str, Any]] | None) -> str:
     parts = []
     for part in content:
         if part.get("type") != "text":
-            raise InvalidRequest(f"messages.content: only text parts are supported, got {part.get('type')!r}")
+            raise FieldError(
+                "messages.content", f"only text parts are supported, got {part.get('type')!r}", "unsupported_parameter"
+            )
         parts.append(str(part.get("text", "")))
     return "".join(parts)
 

@@ -137,6 +137,12 @@ def check_body(body: Mapping[str, Any], kind: Kind, allowed: frozenset[str], voc
             check_range(name, value)
     _check_stop(clean.get("stop"))
     _check_stream_options(clean.get("stream_options"))
+    if "stream_options" in clean and not clean.get("stream", False):
+        raise FieldError("stream_options", "stream_options is only allowed when stream is true")
+    if kind == "chat" and "top_logprobs" in clean and not clean.get("logprobs", False):
+        raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
+    if clean.get("echo", False):
+        raise FieldError("echo", "echo is not supported; resend without it", "unsupported_parameter")
     if "stop_token_ids" in clean:
         token_ids(clean["stop_token_ids"], "stop_token_ids", vocab_size)
     if "logit_bias" in clean:

@@ -117,16 +117,24 @@ _FIELDS["stop_token_ids"] = st.one_of(st.lists(st.integers(-2, 60_000), max_size
 _FIELDS["max_tokens"] = st.one_of(st.integers(-2, 2), _ANY)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=st.fixed_dictionaries({}, optional=_FIELDS))
-def test_fuzzed_fields_get_200_or_a_400_naming_the_field(client: openai.OpenAI, body: dict[str, Any]) -> None:
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.fixed_dictionaries({}, optional=_FIELDS), chat=st.booleans())
+def test_fuzzed_fields_get_200_or_a_400_naming_the_field(
+    client: openai.OpenAI, body: dict[str, Any], chat: bool
+) -> None:
     body = {**body, "max_tokens": body.get("max_tokens", 1)}
     if isinstance(body["max_tokens"], int) and body["max_tokens"] > 2:
         body["max_tokens"] = 2
-    raw = client.chat.completions.with_raw_response
     try:
-        resp = raw.create(model="smollm2", messages=MESSAGES, extra_body=body)
-        assert resp.http_response.status_code == 200
+        if chat:
+            status = client.chat.completions.with_raw_response.create(
+                model="smollm2", messages=MESSAGES, extra_body=body
+            ).http_response.status_code
+        else:
+            status = client.completions.with_raw_response.create(
+                model="smollm2", prompt="Hi", extra_body=body
+            ).http_response.status_code
+        assert status == 200
     except openai.BadRequestError as exc:
         err = _error(exc)
         assert err["message"] and err["type"] == "invalid_request_error"

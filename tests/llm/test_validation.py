@@ -60,9 +60,10 @@ def test_every_range_admits_its_own_bounds_and_refuses_non_finite_and_wrong_type
     for field, rng in RANGES.items():
         if field == "logit_bias" or (field == "logprobs"):
             continue
+        extra = {"logprobs": True} if field == "top_logprobs" else {}
         for edge in (rng.high, rng.low) if not rng.low_open else (rng.high,):
             value = int(edge) if rng.integer else float(edge)
-            _chat(**{field: value})
+            _chat(**{field: value}, **extra)
         bad_values: list[object] = ["1", True, [1]]
         bad_values += [1.5] if rng.integer else [math.nan, math.inf]
         for bad in bad_values:
@@ -107,13 +108,13 @@ def test_vendor_extensions_are_fields_of_both_request_models() -> None:
 
 
 def test_stop_stream_options_and_stop_token_ids() -> None:
-    _chat(stop="x", stream_options={"include_usage": True}, stop_token_ids=[0, 99])
+    _chat(stop="x", stream=True, stream_options={"include_usage": True}, stop_token_ids=[0, 99])
     for fields, param in (
         ({"stop": ""}, "stop"),
         ({"stop": [1]}, "stop"),
         ({"stop": ["a"] * 17}, "stop"),
-        ({"stream_options": {"include_usag": True}}, "stream_options.include_usag"),
-        ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+        ({"stream": True, "stream_options": {"include_usag": True}}, "stream_options.include_usag"),
+        ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
         ({"stop_token_ids": [100]}, "stop_token_ids"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"stream": 1}, "stream"),
@@ -122,6 +123,21 @@ def test_stop_stream_options_and_stop_token_ids() -> None:
         with pytest.raises(FieldError) as err:
             _chat(**fields)
         assert err.value.param == param
+
+
+def test_fields_that_need_another_field() -> None:
+    for fields, param in (
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+    ):
+        with pytest.raises(FieldError) as err:
+            _chat(**fields)
+        assert err.value.param == param
+    _chat(stream=True, stream_options={"include_usage": False}, logprobs=True, top_logprobs=2)
+    check_body({"prompt": "x", "echo": False}, "completion", COMPLETION, 100)
+    with pytest.raises(FieldError) as err:
+        check_body({"prompt": "x", "echo": True}, "completion", COMPLETION, 100)
+    assert err.value.param == "echo" and err.value.code == "unsupported_parameter"
 
 
 def test_logit_bias_is_checked_against_the_vocabulary() -> None:
