@@ -2,6 +2,7 @@
 
     HeadroomError                      500 INTERNAL          unexpected failure inside the server
     ├── InvalidRequest                 400 INVALID_ARGUMENT  malformed body, wrong shape/datatype, bad params
+    │   └── ContextLengthExceeded      400 INVALID_ARGUMENT  prompt + max_tokens over the model's context
     ├── ModelNotFound                  404 NOT_FOUND         unknown model or version
     ├── PayloadTooLarge                413 RESOURCE_EXHAUSTED body or tensor above a configured limit
     ├── Unprocessable                  422 INVALID_ARGUMENT  well-formed but semantically unusable input
@@ -40,6 +41,10 @@ class InvalidRequest(HeadroomError):
     http_status = 400
     grpc_code = "INVALID_ARGUMENT"
     reason = "invalid_request"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    reason = "context_length_exceeded"  # OpenAI's error code for the same condition
 
 
 class ModelNotFound(HeadroomError):

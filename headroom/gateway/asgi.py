@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from headroom.core.errors import HeadroomError
+from headroom.protocol.openai_errors import exception_body
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -37,15 +38,7 @@ def presented_key(headers: list[tuple[bytes, bytes]]) -> str | None:
 def error_body(exc: HeadroomError, path: str) -> bytes:
     """`{"error": message, "reason": ...}`; /v1 paths get OpenAI's `{"error": {"message", "type", ...}}`."""
     if path.startswith("/v1/"):
-        kind = {429: "rate_limit_error", 401: "authentication_error", 403: "permission_error"}.get(
-            exc.http_status, "invalid_request_error"
-        )
-        return orjson.dumps(
-            {
-                "error": {"message": exc.message, "type": kind, "param": None, "code": exc.http_status},
-                "reason": exc.reason,
-            }
-        )
+        return orjson.dumps({**exception_body(exc), "reason": exc.reason})
     return orjson.dumps(exc.to_json())
 
 

@@ -123,8 +123,7 @@ class AsyncLLMEngine:
     # --- the engine thread ------------------------------------------------------------------------------
     def _handle(self, cmd: _Add | _Abort) -> None:
         if isinstance(cmd, _Abort):
-            for out in self.engine.abort(cmd.request_id):
-                self._deliver(out)
+            self._deliver_all(self.engine.abort(cmd.request_id))
             self._streams.pop(cmd.request_id, None)
             return
         try:
@@ -143,8 +142,17 @@ class AsyncLLMEngine:
         item: SequenceOutput | BaseException = out if out.error is None else out.error
         with contextlib.suppress(RuntimeError):  # the loop closed under us: nobody listens any more
             loop.call_soon_threadsafe(stream.put_nowait, item)
-        if out.error is not None or (out.finished and not self.engine.has_request(out.parent_id)):
+        if out.error is not None:
             self._streams.pop(out.parent_id, None)  # a failed sequence ends its whole request
+
+    def _deliver_all(self, outs: Sequence[SequenceOutput]) -> None:
+        """Deliver a batch of outputs, then drop the streams of requests that have no sequence left (only after
+        the whole batch: n siblings often finish in the same step, and each of them must reach the stream)."""
+        for out in outs:
+            self._deliver(out)
+        for parent in {out.parent_id for out in outs if out.finished}:
+            if not self.engine.has_request(parent):
+                self._streams.pop(parent, None)
 
     def _run(self) -> None:
         if self.engine.config.num_threads > 0:  # OpenMP thread counts are per calling thread: set it here too
@@ -166,8 +174,7 @@ class AsyncLLMEngine:
                 if self._stopping.is_set():
                     break
                 if self.engine.has_unfinished:
-                    for out in self.engine.step():
-                        self._deliver(out)
+                    self._deliver_all(self.engine.step())
         except BaseException as exc:  # a model failure: fail every stream, refuse new work
             self._error = exc
         finally:

@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 
 from headroom.core.clock import Clock, MonotonicClock
-from headroom.core.errors import HeadroomError, InvalidRequest, RateLimited
+from headroom.core.errors import ContextLengthExceeded, HeadroomError, InvalidRequest, RateLimited
 from headroom.llm.config import EngineConfig
 from headroom.llm.kv_cache import KVCacheManager
 from headroom.llm.request import (
@@ -134,7 +134,7 @@ class LLMEngine:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
         total = len(prompt_token_ids) + params.max_tokens
         if total > self.max_model_len:
-            raise InvalidRequest(
+            raise ContextLengthExceeded(
                 f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
                 f"{len(prompt_token_ids)} and max_tokens asks for {params.max_tokens} ({total}); "
                 "shorten the prompt or lower max_tokens"

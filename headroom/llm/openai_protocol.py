@@ -15,55 +15,62 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from headroom.core.errors import DRAINING_HEADER, Draining, HeadroomError
+from headroom.protocol.openai_errors import exception_body, openai_error_body
 
 
 class BaseRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """Types only: `headroom.llm.validation.check_body` refuses unknown fields and range-checks every value
+    before this model sees the body (so the ranges live in one place)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     model: str = ""
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=16)
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
     user: str | None = None
-    # vLLM-style extensions
-    top_k: int = Field(default=0, ge=-1)
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    safety_identifier: str | None = None
+    # vendor extensions (vLLM's meanings): validation.VENDOR_EXTENSIONS
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
     priority: int = 0
     # vLLM's prefix-cache salt: cached prompt blocks are shared only among requests with the same salt
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "user", "assistant", "developer", "tool"]
+    role: Literal["system", "user", "assistant", "developer"]
     content: str | list[dict[str, Any]] | None = None
 
 
 class ChatRequest(BaseRequest):
-    """The subset of OpenAI's chat completion request we honour (unknown fields are ignored)."""
+    """OpenAI's chat completion request: every field is honoured or refused (validation.REFUSED)."""
 
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = None
 
 
 class CompletionRequest(BaseRequest):
-    """The subset of OpenAI's completion request we honour."""
+    """OpenAI's (legacy) completion request."""
 
     prompt: str | list[int] | list[str]
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: int | None = None
     echo: bool = False
 
 
@@ -77,22 +84,16 @@ class ServingResponse:
     headers: Mapping[str, str] = field(default_factory=dict)  # extra headers (Retry-After)
 
 
-_ERROR_TYPES = {
-    400: ("invalid_request_error", None),
-    404: ("invalid_request_error", "model_not_found"),
-    429: ("rate_limit_error", "rate_limit_exceeded"),
-    503: ("server_error", "engine_unavailable"),
-    504: ("timeout_error", "request_timeout"),
-}
-
-
 def error_response(
-    status: int, message: str, param: str | None = None, retry_after_s: float | None = None
+    status: int,
+    message: str,
+    param: str | None = None,
+    retry_after_s: float | None = None,
+    code: str | None = None,
 ) -> ServingResponse:
     """An OpenAI-shaped error."""
-    kind, code = _ERROR_TYPES.get(status, ("server_error", None))
+    body = openai_error_body(status, message, param, code)
     headers = {"Retry-After": str(max(1, round(retry_after_s)))} if retry_after_s is not None else {}
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return ServingResponse(status=status, body=body, headers=headers)
 
 
@@ -100,12 +101,13 @@ def from_exception(exc: Exception) -> ServingResponse:
     if isinstance(exc, ValidationError):
         err = exc.errors()[0]
         param = ".".join(str(p) for p in err["loc"]) or None
-        return error_response(400, f"{param}: {err['msg']}" if param else err["msg"], param)
+        code = "unknown_parameter" if err["type"] == "extra_forbidden" else "invalid_value"
+        return error_response(400, f"{param}: {err['msg']}" if param else err["msg"], param, code=code)
     if isinstance(exc, HeadroomError):
-        resp = error_response(exc.http_status, exc.message, retry_after_s=exc.retry_after_s)
+        headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s is not None else {}
         if isinstance(exc, Draining):
-            return ServingResponse(resp.status, resp.body, headers={**resp.headers, DRAINING_HEADER: "1"})
-        return resp
+            headers[DRAINING_HEADER] = "1"
+        return ServingResponse(status=exc.http_status, body=exception_body(exc), headers=headers)
     return error_response(500, f"internal error: {exc}")
 
 

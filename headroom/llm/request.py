@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from headroom.llm.validation import TEMPERATURE_GREEDY_BELOW, check_range
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -29,32 +31,30 @@ class SamplingParams:
     ignore_eos: bool = False  # keep going past the end-of-sequence token
     logprobs: int | None = None  # return the chosen token's logprob and this many top alternatives
     include_stop_str_in_output: bool = False  # keep the matched stop string in the text
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), sorted by id
 
     def validate(self) -> None:
-        """Raise ValueError (a 400 at the edge) naming the bad field."""
-        if self.n < 1:
-            raise ValueError("n must be >= 1")
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.top_k < -1:
-            raise ValueError("top_k must be -1, 0 (off) or a positive count")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError("min_p must be in [0, 1]")
-        if self.repetition_penalty <= 0:
-            raise ValueError("repetition_penalty must be > 0")
-        if not -2 <= self.presence_penalty <= 2 or not -2 <= self.frequency_penalty <= 2:
-            raise ValueError("presence_penalty and frequency_penalty must be in [-2, 2]")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError("logprobs must be between 0 and 20")
+        """Raise `FieldError` (a 400 at the edge) naming the bad field; the ranges are `validation.RANGES`."""
+        for name in ("n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                     "presence_penalty", "frequency_penalty"):
+            check_range(name, getattr(self, name))
+        for name in ("seed", "logprobs"):
+            if getattr(self, name) is not None:
+                check_range(name, getattr(self, name))
+        for _, bias in self.logit_bias:
+            check_range("logit_bias", bias)
 
     @property
     def greedy(self) -> bool:
-        """True when sampling reduces to argmax."""
-        return self.temperature == 0.0 or self.top_k == 1
+        """True when sampling reduces to argmax (a temperature below vLLM's 1e-5 counts as 0)."""
+        return self.temperature < TEMPERATURE_GREEDY_BELOW or self.top_k == 1
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """True when penalties or a logit bias change the logits before a token is picked."""
+        return bool(
+            self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty or self.logit_bias
+        )
 
 
 class FinishReason(enum.Enum):

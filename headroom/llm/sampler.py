@@ -26,7 +26,8 @@ class SamplingError(HeadroomError):
 def apply_penalties(
     logits: torch.Tensor, params: SamplingParams, token_ids: Sequence[int], num_prompt: int
 ) -> torch.Tensor:
-    """Repetition (HF, over prompt+output), presence and frequency (OpenAI, over output) penalties."""
+    """Repetition (HF, over prompt+output), presence and frequency (OpenAI, over output) penalties, then
+    OpenAI's logit bias (added to the named tokens' logits)."""
     if params.repetition_penalty != 1.0 and token_ids:
         idx = torch.tensor(sorted(set(token_ids)), dtype=torch.long)
         vals = logits[idx]
@@ -36,6 +37,9 @@ def apply_penalties(
         idx = torch.tensor(list(counts), dtype=torch.long)
         cnt = torch.tensor([counts[t] for t in counts], dtype=logits.dtype)
         logits[idx] -= params.frequency_penalty * cnt + params.presence_penalty
+    if params.logit_bias:
+        ids, biases = zip(*params.logit_bias, strict=True)
+        logits[torch.tensor(ids, dtype=torch.long)] += torch.tensor(biases, dtype=logits.dtype)
     return logits
 
 
@@ -74,13 +78,7 @@ def sample(logits: torch.Tensor, reqs: Sequence[Request]) -> list[Pick | Headroo
     1e-300), SamplingError (500) when the model's own logits were not finite.
     """
     out: list[Pick | HeadroomError] = []
-    plain_greedy = all(
-        r.params.greedy
-        and r.params.repetition_penalty == 1.0
-        and not r.params.presence_penalty
-        and not r.params.frequency_penalty
-        for r in reqs
-    )
+    plain_greedy = all(r.params.greedy and not r.params.adjusts_logits for r in reqs)
     argmax: list[int] = []
     picked_ok: list[bool] = []
     if plain_greedy:

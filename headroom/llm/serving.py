@@ -23,11 +23,18 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from headroom.core.errors import DeadlineExceeded, HeadroomError, InvalidRequest, ModelNotFound, NotReady
+from headroom.core.errors import (
+    ContextLengthExceeded,
+    DeadlineExceeded,
+    HeadroomError,
+    InvalidRequest,
+    ModelNotFound,
+    NotReady,
+)
 from headroom.core.lifecycle import ServingLifecycle
 from headroom.gateway.usage import LLMUsage
 from headroom.llm.admission import admitted
@@ -42,9 +49,11 @@ from headroom.llm.openai_protocol import (
 )
 from headroom.llm.request import FinishReason, SamplingParams, SequenceOutput, TokenLogprob, merge_timelines
 from headroom.llm.tokenizer import Tokenizer
+from headroom.llm.validation import FieldError, Kind, check_body, logit_bias, token_ids
 
 UsageCallback = Callable[[LLMUsage], None]
 log = logging.getLogger("headroom.llm")
+_R = TypeVar("_R", bound=BaseRequest)
 
 
 class OpenAIServing:
@@ -85,7 +94,7 @@ class OpenAIServing:
         `tenant` scopes the prefix cache."""
         started_s = time.monotonic()
         try:
-            req = ChatRequest.model_validate(body)
+            req = self._parse(body, "chat", ChatRequest)
             tok = self._ready()
             messages = [{"role": m.role, "content": _content_text(m.content)} for m in req.messages]
             prompt_ids = tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
@@ -107,21 +116,17 @@ class OpenAIServing:
         """As `create_chat_completion`, for a plain prompt."""
         started_s = time.monotonic()
         try:
-            req = CompletionRequest.model_validate(body)
+            req = self._parse(body, "completion", CompletionRequest)
             tok = self._ready()
             prompt = req.prompt
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
                 if len(prompt) != 1:
-                    raise InvalidRequest("prompt: send one prompt per request (a list of one string is accepted)")
+                    raise FieldError("prompt", "send one prompt per request (a list of one string is accepted)")
                 prompt = prompt[0]
             if isinstance(prompt, str):
                 prompt_ids = tok.encode(prompt)
             else:
-                prompt_ids = [int(t) for t in prompt]
-                if any(t < 0 or t >= tok.vocab_size for t in prompt_ids):
-                    raise InvalidRequest(f"prompt: token ids must be in [0, {tok.vocab_size})")
-            if req.echo:
-                raise InvalidRequest("echo: not supported; resend without echo")
+                prompt_ids = list(token_ids(prompt, "prompt", self._vocab_size()))
             params = self._params(req, prompt_ids, req.max_tokens, req.logprobs)
             tally = _Tally(started_s, len(prompt_ids), on_usage)
             return await self._run("text", req, prompt_ids, params, tally, tenant)
@@ -132,6 +137,19 @@ class OpenAIServing:
             return from_exception(exc)
 
     # --- internals --------------------------------------------------------------------------------------
+    def _parse(self, body: Any, kind: Kind, model: type[_R]) -> _R:
+        """`body` checked field by field (headroom.llm.validation), then typed."""
+        if not isinstance(body, dict):
+            raise InvalidRequest("the request body must be a JSON object")
+        return model.model_validate(check_body(body, kind, frozenset(model.model_fields), self._vocab_size()))
+
+    def _vocab_size(self) -> int | None:
+        """Token ids a request may name: the tokenizer's and the model's logits' vocabulary alike."""
+        sizes = [self.tokenizer.vocab_size] if self.tokenizer is not None else []
+        if self.engine is not None:
+            sizes.append(self.engine.engine.runner.vocab_size)
+        return min(sizes) if sizes else None
+
     def _ready(self) -> Tokenizer:
         if self.engine is None or self.tokenizer is None or not self.engine.healthy:
             raise NotReady(f"model {self.model_name!r} is loading or stopped; retry shortly")
@@ -143,7 +161,7 @@ class OpenAIServing:
         if req.model and req.model != self.model_name:
             raise ModelNotFound(f"the model {req.model!r} does not exist; this server serves {self.model_name!r}")
         if not prompt_ids:
-            raise InvalidRequest("the prompt is empty")
+            raise FieldError("prompt" if isinstance(req, CompletionRequest) else "messages", "the prompt is empty")
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
         limit = self.max_model_len
         if self.engine is not None:  # an unspecified max_tokens also has to fit the KV pool
@@ -151,7 +169,7 @@ class OpenAIServing:
             limit = min(limit, kv.num_blocks * kv.block_size)
         room = limit - len(prompt_ids)
         if max_tokens is None and room < 1:
-            raise InvalidRequest(
+            raise ContextLengthExceeded(
                 f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
                 f"{len(prompt_ids)}; shorten it"
             )
@@ -167,14 +185,13 @@ class OpenAIServing:
             frequency_penalty=req.frequency_penalty,
             seed=req.seed,
             stop=stop,
-            stop_token_ids=tuple(req.stop_token_ids or ()),
+            stop_token_ids=token_ids(req.stop_token_ids or [], "stop_token_ids", self._vocab_size()),
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            logit_bias=logit_bias(req.logit_bias, self._vocab_size()) if req.logit_bias else (),
         )
-        try:
-            params.validate()
-        except ValueError as exc:
-            raise InvalidRequest(str(exc)) from None
+        params.validate()
         return params
 
     async def _run(
@@ -387,7 +404,9 @@ def _content_text(content: str | list[dict[str, Any]] | None) -> str:
     parts = []
     for part in content:
         if part.get("type") != "text":
-            raise InvalidRequest(f"messages.content: only text parts are supported, got {part.get('type')!r}")
+            raise FieldError(
+                "messages.content", f"only text parts are supported, got {part.get('type')!r}", "unsupported_parameter"
+            )
         parts.append(str(part.get("text", "")))
     return "".join(parts)
 

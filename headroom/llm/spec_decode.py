@@ -58,13 +58,7 @@ class NgramProposer:
 
 def can_speculate(params: SamplingParams) -> bool:
     """Requests whose output speculation cannot change."""
-    return (
-        params.greedy
-        and params.logprobs is None
-        and params.repetition_penalty == 1.0
-        and not params.presence_penalty
-        and not params.frequency_penalty
-    )
+    return params.greedy and params.logprobs is None and not params.adjusts_logits
 
 
 def propose_ngram(token_ids: Sequence[int], num_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> tuple[int, ...]:

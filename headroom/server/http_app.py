@@ -7,8 +7,9 @@ the data plane. Status codes come from the error tree (headroom.core.errors), ne
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import itertools
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -24,9 +25,11 @@ from starlette.types import Receive, Scope, Send
 
 from headroom.core.dataplane import ModelMetadata
 from headroom.core.deadline import client_timeout_ms, shorter
-from headroom.core.errors import HeadroomError, InvalidRequest, PayloadTooLarge
+from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound, PayloadTooLarge
 from headroom.core.types import InferenceRequest, Tensor
+from headroom.protocol.openai_errors import FieldError, exception_body
 from headroom.protocol.v2_http import decode_infer_request, encode_infer_response
+from headroom.server import embeddings
 from headroom.server.dataplane import DataPlane
 from headroom.server.http_errors import error_response, headroom_error_handler, http_exception_handler
 from headroom.server.model_manager import ModelManager
@@ -101,6 +104,7 @@ class HttpApi:
         self.limits = limits
         self.llm_cards = llm_model_cards
         self._ids = itertools.count(1)
+        self._created_s = int(time.time())  # /v1/models `created`
 
     # --- health & metadata ----------------------------------------------------------------------------
     async def server_metadata(self, request: Request) -> Response:
@@ -175,48 +179,45 @@ class HttpApi:
 
     # --- OpenAI-compatible ----------------------------------------------------------------------------
     async def embeddings(self, request: Request) -> Response:
+        """OpenAI's embeddings (`headroom.server.embeddings`); every error in OpenAI's schema."""
+        try:
+            return await self._embeddings(request)
+        except HeadroomError as exc:
+            headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s else None
+            return _json(exception_body(exc), exc.http_status, headers)
+
+    async def _embeddings(self, request: Request) -> Response:
         try:
             body = orjson.loads(await read_body(request, self.limits.max_body_bytes))
         except orjson.JSONDecodeError as exc:
-            return _openai_error(f"request body is not valid JSON: {exc}", 400)
-        if not isinstance(body, dict):
-            return _openai_error("request body must be a JSON object", 400)
-        texts = body.get("input")
-        if isinstance(texts, str):
-            texts = [texts]
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            return _openai_error("'input' must be a string or a non-empty list of strings", 400, "input")
-        model = body.get("model") or "minilm"
-        if not isinstance(model, str):
-            return _openai_error("'model' must be a string", 400, "model")
-        encoding = body.get("encoding_format", "float")
-        if encoding not in ("float", "base64"):
-            return _openai_error("'encoding_format' must be 'float' or 'base64'", 400, "encoding_format")
-        data = np.array([t.encode("utf-8") for t in texts], dtype=object)
-        try:
-            spec = self.dp.resolve(model).config.inputs[0]
-            shape = (len(texts), *(1 for _ in spec.shape))  # one string per batch row
-            name = spec.name
-            req = InferenceRequest(request_id=self._request_id(request), model_name=model, model_version="",
-                                   inputs=(Tensor(name, "BYTES", shape, data.reshape(shape)),),
-                                   timeout_ms=client_timeout_ms(request.headers))
-            result = await self.dp.infer(req, disconnect_watcher(request))
-        except HeadroomError as exc:
-            return _openai_error(exc.message, exc.http_status, None, exc.retry_after_s)
-        emb = np.asarray(result.outputs[0].data, dtype=np.float32).reshape(len(texts), -1)
-        tokens = next((int(np.sum(t.data)) for t in result.outputs if t.name == "num_tokens"), 0)
-        # float32 rows go to orjson as numpy arrays: shortest round-tripping decimals, as the V2 JSON path
-        # writes them (half the bytes of float64 text and no per-float Python objects)
-        items = [{"object": "embedding", "index": i, "embedding": vec if encoding == "float" else _b64(vec)}
-                 for i, vec in enumerate(emb)]
-        return _json({"object": "list", "data": items, "model": model,
-                      "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
+            raise FieldError(None, f"request body is not valid JSON: {exc}", "invalid_json") from None
+        req = embeddings.parse_request(body)
+        served = self.dp.served(req.model)
+        if not embeddings.is_embedding_model(served.config):
+            raise ModelNotFound(f"model {req.model!r} is not an embedding model; /v1/embeddings serves "
+                                f"{', '.join(self._embedding_models()) or 'none here'}")
+        dimensions = embeddings.check_dimensions(served.config, req.dimensions)
+        spec = served.config.inputs[0]
+        shape = (len(req.texts), *(1 for _ in spec.shape))  # one string per batch row
+        data = np.array([t.encode("utf-8") for t in req.texts], dtype=object).reshape(shape)
+        infer = InferenceRequest(request_id=self._request_id(request), model_name=req.model, model_version="",
+                                 inputs=(Tensor(spec.name, "BYTES", shape, data),),
+                                 timeout_ms=client_timeout_ms(request.headers))
+        # the usage count tokenizes off the loop while the model runs (a model that cannot count reports 0)
+        result, tokens = await asyncio.gather(self.dp.infer(infer, disconnect_watcher(request)),
+                                              asyncio.to_thread(embeddings.count_tokens, served.model, req.texts))
+        vectors = np.asarray(result.outputs[0].data, dtype=np.float32).reshape(len(req.texts), -1)
+        vectors = embeddings.truncate(vectors, dimensions)
+        return _json(embeddings.response_body(req, vectors, tokens),
                      headers={"Server-Timing": server_timing_header(result.timings)})
 
+    def _embedding_models(self) -> list[str]:
+        return [n for n in self.dp.model_names() if embeddings.is_embedding_model(self.dp.served(n).config)]
+
     async def models(self, request: Request) -> Response:
-        cards: list[object] = [{"id": n, "object": "model", "created": 0, "owned_by": "headroom"}
-                               for n in self.dp.model_names()]
-        cards.extend(self.llm_cards)
+        """What the /v1 routes serve: the embedding models and the LLMs, each with its `max_model_len`."""
+        configs = [self.dp.served(n).config for n in self.dp.model_names()]
+        cards: list[object] = [*embeddings.cards(configs, self._created_s), *self.llm_cards]
         return _json({"object": "list", "data": cards})
 
     def routes(self) -> list[BaseRoute]:
@@ -242,18 +243,6 @@ class HttpApi:
             r("/metrics", self.metrics, methods=["GET"]),
             r("/openapi.json", self.openapi, methods=["GET"]),
         ]
-
-
-def _b64(vec: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(vec, dtype="<f4").tobytes()).decode("ascii")
-
-
-def _openai_error(message: str, status: int, param: str | None = None,
-                  retry_after_s: float | None = None) -> Response:
-    kind = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
-            429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error")
-    headers = {"Retry-After": str(max(1, round(retry_after_s)))} if retry_after_s else None
-    return _json({"error": {"message": message, "type": kind, "param": param, "code": status}}, status, headers)
 
 
 class HotRoutes:

@@ -11,7 +11,7 @@ _ERROR = {"type": "object", "required": ["error"],
 _OPENAI_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"],
     "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                   "param": {"type": ["string", "null"]}, "code": {"type": ["integer", "string", "null"]}}}}}
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
 _TENSOR_META = {"type": "object", "required": ["name", "datatype", "shape"], "properties": {
     "name": {"type": "string"}, "datatype": {"type": "string"},
     "shape": {"type": "array", "items": {"type": "integer"}}}}
@@ -165,7 +165,9 @@ def openapi_document() -> dict[str, Any]:
             "requestBody": {"required": True, "content": {"application/json": {"schema": {
                 "type": "object", "required": ["input"], "properties": {
                     "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-                    "model": {"type": "string"}, "encoding_format": {"enum": ["float", "base64"]}}}}}},
+                    "model": {"type": "string"}, "encoding_format": {"enum": ["float", "base64"]},
+                    "dimensions": {"type": "integer", "minimum": 1}, "user": {"type": "string"}},
+                "additionalProperties": False}}}},
             "responses": {**_ok(flag), **_errors(400, 404, 413, 503, 504, openai=True)}}},
         "/v2/models/stats": {"get": {"summary": "Statistics of every model",
                                      "responses": _ok({"type": "object"})}},

@@ -78,9 +78,11 @@ def test_non_finite_model_output_fails_that_sequence_alone(
 
 
 def test_parameters_that_make_probabilities_non_finite_are_a_400(fake_runner: Callable[..., Any]) -> None:
-    engine = _engine(fake_runner(64, vocab_size=VOCAB))
-    prompt = list(range(1, VOCAB))  # every token is penalised: positive logits / ~0 -> inf
-    hostile = SamplingParams(temperature=0.7, repetition_penalty=1e-300, max_tokens=4)
+    """Out-of-range values are refused up front (headroom.llm.validation); this is the second line of defence:
+    in-range parameters that still overflow (huge finite logits / the smallest allowed penalty -> inf)."""
+    engine = _engine(_poisoning(fake_runner, "hostile", 1e37))
+    prompt = list(range(1, VOCAB))  # every token is penalised: 1e37 / 0.01 -> inf in fp32
+    hostile = SamplingParams(temperature=0.7, repetition_penalty=0.01, max_tokens=4)
     engine.add_request("hostile", prompt, hostile)
     engine.add_request("good", [1, 2, 3], GREEDY)
     outs = _run(engine)

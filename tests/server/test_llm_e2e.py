@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
@@ -112,3 +114,47 @@ def test_abandoned_streams_leave_the_gauges_at_idle(llm_server: RunningServer) -
     while _gauges(llm_server) != (0.0, 0.0, 0.0):  # polled with a bound: the server has nothing to await on
         assert time.monotonic() < deadline, f"gauges not idle 10 s after the disconnects: {_gauges(llm_server)}"
         time.sleep(0.01)
+VLLM_DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "vllm-dashboard.json"
+# vLLM's metric names (docs/design/metrics.md, V1), each exported with the labels model_name and engine
+VLLM_SERIES = (
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+    "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+    "vllm:time_per_output_token_seconds_bucket", "vllm:request_time_per_output_token_seconds_bucket",
+    "vllm:e2e_request_latency_seconds_bucket", "vllm:request_queue_time_seconds_bucket",
+    "vllm:request_inference_time_seconds_bucket", "vllm:request_prefill_time_seconds_bucket",
+    "vllm:request_decode_time_seconds_bucket", "vllm:request_prompt_tokens_bucket",
+    "vllm:request_generation_tokens_bucket", "vllm:request_max_num_generation_tokens_bucket",
+    "vllm:request_params_n_bucket", "vllm:request_params_max_tokens_bucket", "vllm:iteration_tokens_total_bucket",
+)
+
+
+def _scrape(url: str) -> dict[str, list[dict[str, str]]]:
+    """Sample name -> the label sets it was exported with, from the live /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    series: dict[str, list[dict[str, str]]] = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for sample in family.samples:
+            series.setdefault(sample.name, []).append(dict(sample.labels))
+    return series
+
+
+def test_vllm_metric_names_and_dashboard_against_the_live_server(llm_server: RunningServer) -> None:
+    client = OpenAI(base_url=llm_server.url + "/v1", api_key="unused")
+    client.completions.create(model="smollm2", prompt="One, two, three,", max_tokens=4, temperature=0, n=2)
+    series = _scrape(llm_server.url)
+    for name in VLLM_SERIES:
+        assert name in series, f"{name} is not exported"
+        assert {"model_name": "smollm2", "engine": "0"}.items() <= series[name][0].items(), series[name][0]
+    assert "headroom_llm_time_to_first_token_seconds_bucket" in series  # headroom's own names stay
+    doc = json.loads(VLLM_DASHBOARD.read_text())
+    exprs = [t["expr"] for p in doc["panels"] for t in p["targets"]]
+    assert len(exprs) >= 25
+    for expr in exprs:
+        names = re.findall(r"vllm:[a-zA-Z0-9_:]+", expr)
+        assert names and all(n in series for n in names), (expr, [n for n in names if n not in series])
+        assert 'model_name="$model_name"' in expr
+    variable = next(v for v in doc["templating"]["list"] if v["name"] == "model_name")
+    assert variable["definition"] == 'label_values({__name__=~"vllm:.*"},model_name)'

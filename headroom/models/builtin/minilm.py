@@ -160,6 +160,12 @@ class SentenceEmbedding(Model):
         ids, mask = _pad(rows, max(len(r) for r in rows))
         return {"input_ids": ids, "attention_mask": mask}
 
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        """Tokens the encoder sees for these texts (after truncation): OpenAI's embeddings `usage`."""
+        if self.tokenizer is None:
+            raise RuntimeError(f"model {self.config.name!r} used before load()")
+        return sum(len(e.ids) for e in self.tokenizer.encode_batch_fast(list(texts)))
+
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """The encoder: [N, L] token ids and mask -> [N, L, H] token vectors (backend subclasses)."""
         raise NotImplementedError
