@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import yaml
@@ -137,7 +137,8 @@ def apply_flags(cfg: FleetConfig, given: Mapping[str, Any], cli_defaults: Mappin
         section, key = FLAG_KEYS[flag]
         if section == "autoscaler" and doc.get("autoscaler") is None:
             continue  # --min-replicas without autoscaling changes nothing
-        doc[section][key] = list(value) if isinstance(value, tuple | list) else value
+        doc[section][key] = [str(v) for v in value] if isinstance(value, tuple | list) else (
+            str(value) if isinstance(value, PurePath) else value)
     return parse_fleet_config(doc, "command line")
 
 

@@ -63,8 +63,10 @@ def test_mistakes_are_refused_with_where_and_why(doc: object, message: str) -> N
 def test_flags_given_override_the_file() -> None:
     cfg = parse_fleet_config(yaml.safe_load(FILE))
     defaults = {"min_replicas": 1, "max_replicas": 4, "warm_pool": 0}
-    out = apply_flags(cfg, {"policy": "p2c", "replicas": 5, "max_replicas": 9, "model": ["minilm"]}, defaults)
+    flags = {"policy": "p2c", "replicas": 5, "max_replicas": 9, "model": ["minilm"], "model_repository": Path("/m")}
+    out = apply_flags(cfg, flags, defaults)
     assert out.router.policy == "p2c" and out.fleet.replicas == 5 and out.fleet.models == ("minilm",)
+    assert out.fleet.model_repository == "/m"  # the CLI gives a Path
     assert out.autoscaler is not None and out.autoscaler.max_replicas == 9 and out.autoscaler.min_replicas == 2
     assert apply_flags(cfg, {"autoscale": False}, defaults).autoscaler is None
     on = apply_flags(FleetConfig(), {"autoscale": True}, defaults).autoscaler

@@ -30,7 +30,8 @@ import numpy as np
 
 class Words:
     def predict(self, inputs):
-        return {"n": np.array([[len(row)] for row in inputs["w"]], dtype=np.int64)}
+        n = np.array([[len(row)] for row in inputs["w"]], dtype=np.int64)
+        return {"embedding": np.repeat(n.astype(np.float32), 4, axis=1), "n": n}
 """
 
 
@@ -49,9 +50,9 @@ def hostile_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running
         backend: python
         max_batch_size: 8
         inputs: [{name: w, datatype: BYTES, shape: [-1]}]
-        outputs: [{name: n, datatype: INT64, shape: [1]}]
+        outputs: [{name: embedding, datatype: FP32, shape: [4]}, {name: n, datatype: INT64, shape: [1]}]
         warmup: {batch_sizes: [1]}
-    """, WORDS)
+    """, WORDS)  # a BYTES input and an FP32 `embedding` output: /v1/embeddings serves it too
     with run_server(root, tmp_path_factory.mktemp("hostile-logs"), TRUST_PYTHON) as running:
         yield running
 
