@@ -20,7 +20,8 @@ from starlette.types import Receive, Scope, Send
 
 from headroom.gateway.usage import LLMUsage, report_usage
 from headroom.llm.openai_protocol import ServingResponse, error_response
-from headroom.llm.serving import OpenAIServing, UsageCallback
+from headroom.llm.openai_usage import UsageCallback
+from headroom.llm.serving import OpenAIServing
 
 
 class ClosingStreamingResponse(StreamingResponse):

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -36,7 +36,6 @@ from headroom.core.errors import (
     NotReady,
 )
 from headroom.core.lifecycle import ServingLifecycle
-from headroom.gateway.usage import LLMUsage
 from headroom.llm.admission import admitted
 from headroom.llm.async_engine import AsyncLLMEngine
 from headroom.llm.openai_protocol import (
@@ -47,11 +46,11 @@ from headroom.llm.openai_protocol import (
     from_exception,
     sse,
 )
-from headroom.llm.request import FinishReason, SamplingParams, SequenceOutput, TokenLogprob, merge_timelines
+from headroom.llm.openai_usage import Tally, UsageCallback, usage_body
+from headroom.llm.request import SamplingParams, SequenceOutput, TokenLogprob
 from headroom.llm.tokenizer import Tokenizer
 from headroom.llm.validation import FieldError, Kind, check_body, logit_bias, token_ids
 
-UsageCallback = Callable[[LLMUsage], None]
 log = logging.getLogger("headroom.llm")
 _R = TypeVar("_R", bound=BaseRequest)
 
@@ -101,7 +100,7 @@ class OpenAIServing:
             max_tokens = req.max_completion_tokens or req.max_tokens
             top = req.top_logprobs if req.logprobs else None
             params = self._params(req, prompt_ids, max_tokens, (top or 0) if req.logprobs else None)
-            tally = _Tally(started_s, len(prompt_ids), on_usage)
+            tally = Tally(started_s, len(prompt_ids), on_usage)
             return await self._run("chat", req, prompt_ids, params, tally, tenant)
         except (ValidationError, HeadroomError) as exc:
             return from_exception(exc)
@@ -128,7 +127,7 @@ class OpenAIServing:
             else:
                 prompt_ids = list(token_ids(prompt, "prompt", self._vocab_size()))
             params = self._params(req, prompt_ids, req.max_tokens, req.logprobs)
-            tally = _Tally(started_s, len(prompt_ids), on_usage)
+            tally = Tally(started_s, len(prompt_ids), on_usage)
             return await self._run("text", req, prompt_ids, params, tally, tenant)
         except (ValidationError, HeadroomError) as exc:
             return from_exception(exc)
@@ -195,7 +194,7 @@ class OpenAIServing:
         return params
 
     async def _run(
-        self, kind: str, req: BaseRequest, prompt_ids: list[int], params: SamplingParams, tally: _Tally,
+        self, kind: str, req: BaseRequest, prompt_ids: list[int], params: SamplingParams, tally: Tally,
         tenant: str = "",
     ) -> ServingResponse:
         engine = self.engine
@@ -232,7 +231,7 @@ class OpenAIServing:
             "created": created,
             "model": self.model_name,
             "choices": choices,
-            "usage": _usage(len(prompt_ids), list(final.values())),
+            "usage": usage_body(len(prompt_ids), list(final.values())),
         }
         return ServingResponse(200, body=body, headers={"Server-Timing": usage_report.server_timing()})
 
@@ -283,7 +282,7 @@ class OpenAIServing:
         outputs: AsyncIterator[SequenceOutput],
         num_prompt: int,
         include_usage: bool,
-        tally: _Tally,
+        tally: Tally,
     ) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         head = {"id": rid, "object": obj, "created": created, "model": self.model_name}
@@ -305,7 +304,7 @@ class OpenAIServing:
                 sent_text[out.index] = sent_text.get(out.index, 0) + len(out.delta_text)
                 yield sse({**head, "choices": [choice]})
             if include_usage:
-                yield sse({**head, "choices": [], "usage": _usage(num_prompt, list(last.values()))})
+                yield sse({**head, "choices": [], "usage": usage_body(num_prompt, list(last.values()))})
         except HeadroomError as exc:
             failed = not isinstance(exc, DeadlineExceeded)
             yield sse(from_exception(exc).body or {})
@@ -350,52 +349,6 @@ async def _with_deadline(outputs: AsyncIterator[SequenceOutput], timeout_s: floa
             await aclose()
 
 
-class _Tally:
-    """The latest output of each choice of one request, and its one `LLMUsage` report."""
-
-    def __init__(self, started_s: float, num_prompt: int, on_usage: UsageCallback | None) -> None:
-        self.started_s = started_s  # time.monotonic() when the route began
-        self.submitted_s = started_s  # time.monotonic() when the request went to the engine
-        self.num_prompt = num_prompt  # prompt tokens
-        self.n = 1  # choices expected
-        self.on_usage = on_usage  # where the report goes
-        self.last: dict[int, SequenceOutput] = {}  # choice index -> its latest output
-        self.usage: LLMUsage | None = None  # the report, once made
-
-    def report(self, failed: bool = False) -> LLMUsage:
-        """Build the report (once) and hand it to `on_usage`."""
-        if self.usage is not None:
-            return self.usage
-        outs = list(self.last.values())
-        timelines = [o.timeline for o in outs if o.timeline is not None]
-        queue_ms = prefill_ms = decode_ms = 0.0
-        if timelines:
-            queue_ms, prefill_ms, decode_ms = merge_timelines(timelines).stage_ms()
-        preprocess_ms = (self.submitted_s - self.started_s) * 1e3
-        total_ms = max((time.monotonic() - self.started_s) * 1e3, preprocess_ms + queue_ms + prefill_ms + decode_ms)
-        self.usage = LLMUsage(
-            prompt_tokens=self.num_prompt,
-            completion_tokens=sum(len(o.token_ids) for o in outs),
-            cached_tokens=max((o.num_cached_tokens for o in outs), default=0),
-            preprocess_ms=preprocess_ms,
-            queue_ms=queue_ms,
-            prefill_ms=prefill_ms,
-            decode_ms=decode_ms,
-            total_ms=total_ms,
-            finish_reason="error" if failed else _finish_reason(outs, self.n),
-        )
-        if self.on_usage is not None:
-            self.on_usage(self.usage)
-        return self.usage
-
-
-def _finish_reason(outs: Iterable[SequenceOutput], n: int) -> str:
-    reasons = [o.finish_reason for o in outs]
-    if len(reasons) < n or None in reasons or FinishReason.ABORT in reasons:
-        return FinishReason.ABORT.value
-    return "length" if FinishReason.LENGTH in reasons else "stop"
-
-
 def _content_text(content: str | list[dict[str, Any]] | None) -> str:
     if content is None:
         return ""
@@ -409,14 +362,3 @@ def _content_text(content: str | list[dict[str, Any]] | None) -> str:
             )
         parts.append(str(part.get("text", "")))
     return "".join(parts)
-
-
-def _usage(num_prompt: int, outs: list[SequenceOutput]) -> dict[str, Any]:
-    completion = sum(len(o.token_ids) for o in outs)
-    cached = max((o.num_cached_tokens for o in outs), default=0)
-    return {
-        "prompt_tokens": num_prompt,
-        "completion_tokens": completion,
-        "total_tokens": num_prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
