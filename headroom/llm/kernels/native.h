@@ -29,6 +29,7 @@ typedef struct {
     const float *x; /* [m, k] fp32 (F16/F32 weights read it directly) */
     int8_t *q;      /* [m, k] quantised values */
     int8_t *qt;     /* NULL, or q with each group of 8 full blocks transposed (AVX-512 VNNI path, m >= 2) */
+    int16_t *q16;   /* NULL, or [m, k] 16-bit values: then block-format weights use these, not q (d, s match) */
     float *d, *s;   /* [m, k / 32] block scale and d * sum(q) */
     int64_t m, k;
 } hr_qact;
@@ -37,6 +38,8 @@ int64_t hr_row_bytes(int64_t fmt, int64_t cols);
 int hr_native_isa_supported(int64_t isa);
 /* x rows -> a (a->x, q, d, s allocated by the caller for a->m rows of a->k) */
 void hr_quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s);
+/* the same with 16 bits (qmax 32767; every path runs this one) */
+void hr_quantize_rows16(const float *x, int64_t m, int64_t k, int16_t *q, float *d, float *s);
 /* the same on path isa (identical results for finite x); qt (nullable) gets the VNNI path's transposed copy */
 void hr_quantize_rows_isa(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s, int8_t *qt,
                           int64_t isa);

@@ -20,16 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "native.h"
+#include "native_blocks.h"
 
 #define HR_ROWS_PER_CHUNK 16
 
-static inline float lane_sum8(const float *a) {
-    const float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
-    return (s0 + s2) + (s1 + s3);
-}
-
-static inline int64_t block_bytes(int64_t fmt) { return fmt == HR_Q4_1 ? 20 : (fmt == HR_Q4_0 ? 18 : 34); }
 
 /* ---- scalar ---- */
 
@@ -63,11 +57,6 @@ static void unpack_scalar(const hr_qtensor *w, const uint8_t *row, int8_t *wq, f
     }
 }
 
-static float dot_f32_scalar(const float *x, const float *w, int64_t k) {
-    float acc[8] = {0};
-    for (int64_t i = 0; i < k; i++) acc[i & 7] = acc[i & 7] + x[i] * w[i];
-    return lane_sum8(acc);
-}
 
 static float dot_q_scalar(int q41, const int8_t *wq, const float *dw, const float *mw, const int8_t *xq,
                           const float *dx, const float *sx, int64_t nb) {
@@ -81,6 +70,7 @@ static float dot_q_scalar(int q41, const int8_t *wq, const float *dw, const floa
     }
     return lane_sum8(acc);
 }
+
 
 #if HR_X86
 /* ---- AVX2 ---- */
@@ -97,49 +87,8 @@ T_AVX2 static void unpack_plain_avx2(const hr_qtensor *w, const uint8_t *row, fl
     for (uint16_t h; i < k; i++) memcpy(&h, row + 2 * i, 2), wf[i] = hr_f16_to_f32(h);
 }
 
-/* eight int32x8 vectors -> their eight horizontal sums (exact) */
-T_AVX2 static inline __m256i reduce8(const __m256i *s) {
-    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
 
-T_AVX2 static inline int32_t hsum_i32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
 
-T_AVX2 static float dot_f32_avx2(const float *x, const float *w, int64_t k) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= k; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(w + i)));
-    float a[8];
-    _mm256_storeu_ps(a, acc);
-    for (; i < k; i++) a[i & 7] = a[i & 7] + x[i] * w[i];
-    return lane_sum8(a);
-}
-
-/* The integers of the raw block at `blk` in one vector: Q4 nibbles (low halves, then high halves; Q4_0 minus 8), or
- * Q8_0's bytes. */
-T_AVX2 static inline __m256i load_block(const uint8_t *blk, int64_t fmt) {
-    if (fmt == HR_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
-    /* the 16 bytes in both halves, the high half shifted right by 4, then the low nibble of every byte */
-    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + (fmt == HR_Q4_1 ? 4 : 2))));
-    const __m256i q = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
-    return fmt == HR_Q4_0 ? _mm256_sub_epi8(q, _mm256_set1_epi8(8)) : q;
-}
-
-/* d and m (fp16 at bytes 0 and 2 of each block) of the 8 blocks from `g`, bb bytes apart, as fp32 (one gather) */
-T_AVX2 static inline void load_scales(const uint8_t *g, int64_t bb, __m256 *dw, __m256 *mw) {
-    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)bb));
-    const __m256i raw = _mm256_i32gather_epi32((const int *)(const void *)g, idx, 1);
-    const __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi32(0xFFFF)), hi = _mm256_srli_epi32(raw, 16);
-    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8); /* [d0..d7 | m0..m7] */
-    *dw = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
-    *mw = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
-}
 
 
 /* exact int32 dot of one block: u8 x s8 when the weights are unsigned (Q4_1), else |w| x sign(x, w) */
@@ -147,7 +96,6 @@ T_AVX2 static inline void load_scales(const uint8_t *g, int64_t bb, __m256 *dw, 
     _mm256_madd_epi16(_mm256_maddubs_epi16(wa, (q41) ? (xv) : _mm256_sign_epi8(xv, wv)), _mm256_set1_epi16(1))
 #define HR_DOT_VNNI(wa, wv, xv, q41)                                                                               \
     _mm256_dpbusd_epi32(_mm256_setzero_si256(), wa, (q41) ? (xv) : _mm256_sign_epi8(xv, wv))
-#define HR_M_TILE 64 /* activation rows whose accumulators stay in L1 while a weight row is swept */
 
 /* y[i, n] for one block-format weight row (raw bytes) and every activation row i: weights streamed straight from
  * the row, each group of 8 blocks unpacked into registers once and used for all rows; the ops of dot_q_scalar. */
@@ -234,6 +182,10 @@ static void gemm_rows(const hr_qtensor *w, const hr_qact *a, float *y, int64_t l
                       int64_t n0, int64_t n1, int8_t *wq, float *dw, float *mw, float *wf) {
     const int64_t k = w->cols, nb = k / HR_QK, rb = hr_row_bytes(w->fmt, k);
     const int plain = w->fmt == HR_F32 || w->fmt == HR_F16, q41 = w->fmt == HR_Q4_1;
+    if (!plain && (a->q16 || !a->q)) {
+        hr_gemm_rows_wide(w, a, y, ldy, accumulate, isa, n0, n1, wf);
+        return;
+    }
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = w->data + n * rb;
 #if HR_X86
@@ -282,26 +234,32 @@ void hr_gemm_team(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, 
 }
 
 
-/* y [m, w->rows] = x [m, w->cols] @ W^T (tests, benchmarks). Returns 0; -1 out of memory; -2 bad arguments. */
-int hr_native_gemm(const hr_qtensor *w, const float *x, int64_t m, float *y, int64_t isa, int64_t num_threads) {
-    if (hr_check_tensor(w, isa) != 0 || m < 0 || num_threads < 1) return -2;
+/* y [m, w->rows] = x [m, w->cols] @ W^T with act_bits (8, 16 or 32) activations for block formats (tests, benchmarks).
+ * Returns 0; -1 out of memory; -2 bad arguments. */
+int hr_native_gemm(const hr_qtensor *w, const float *x, int64_t m, float *y, int64_t isa, int64_t num_threads,
+                   int64_t act_bits) {
+    if (hr_check_tensor(w, isa) != 0 || m < 0 || num_threads < 1 || (act_bits != 8 && act_bits != 16 && act_bits != 32))
+        return -2;
     const int64_t k = w->cols, nb = k / HR_QK;
-    hr_qact a = {x, NULL, NULL, NULL, NULL, m, k};
+    hr_qact a = {x, NULL, NULL, NULL, NULL, NULL, m, k};
     int8_t *q = NULL, *qt = NULL;
+    int16_t *q16 = NULL;
     float *d = NULL, *s = NULL;
-    if (w->fmt != HR_F32 && w->fmt != HR_F16) {
+    if (w->fmt != HR_F32 && w->fmt != HR_F16 && act_bits != 32) {
         q = malloc((size_t)(m * k) + 1), qt = malloc((size_t)(m * k) + 1);
+        q16 = malloc((size_t)(m * k + 1) * sizeof(int16_t));
         d = malloc((size_t)(m * nb + 1) * sizeof(float)), s = malloc((size_t)(m * nb + 1) * sizeof(float));
-        if (!q || !qt || !d || !s) {
-            free(q), free(qt), free(d), free(s);
+        if (!q || !qt || !q16 || !d || !s) {
+            free(q), free(qt), free(q16), free(d), free(s);
             return -1;
         }
-        hr_quantize_rows_isa(x, m, k, q, d, s, qt, isa);
+        if (act_bits == 16) hr_quantize_rows16(x, m, k, q16, d, s), a.q16 = q16;
+        else hr_quantize_rows_isa(x, m, k, q, d, s, qt, isa);
         a.q = q, a.qt = qt, a.d = d, a.s = s;
     }
 #pragma omp parallel num_threads((int)num_threads)
     hr_gemm_team(w, &a, y, w->rows, 0, isa);
-    free(q), free(qt), free(d), free(s);
+    free(q), free(qt), free(q16), free(d), free(s);
     return 0;
 }
 

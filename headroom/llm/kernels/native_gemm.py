@@ -57,19 +57,25 @@ def resolve_isa(lib: ctypes.CDLL, requested: str | None = None, env: Mapping[str
     return choice
 
 
-def native_gemm(lib: ctypes.CDLL, w: QTensor, x: np.ndarray, isa: str, num_threads: int = 1) -> np.ndarray:
-    """y [M, w.rows] = x [M, w.cols] @ W^T on path `isa` (bit-identical to quant_blocks.reference_matmul)."""
+def native_gemm(
+    lib: ctypes.CDLL, w: QTensor, x: np.ndarray, isa: str, num_threads: int = 1, act_bits: int = 8
+) -> np.ndarray:
+    """y [M, w.rows] = x [M, w.cols] @ W^T on path `isa` with `act_bits` (8, 16 or 32 = fp32) block activations
+    (bit-identical to quant_blocks.reference_matmul)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != w.cols:
         raise ValueError(f"x must be [M, {w.cols}], got {x.shape}")
     y = np.empty((x.shape[0], w.rows), dtype=np.float32)
     spec = c_qtensor(w)
     fn = lib.hr_native_gemm
-    fn.argtypes = [ctypes.POINTER(CQTensor), ctypes.c_void_p, _I, ctypes.c_void_p, _I, _I]
+    fn.argtypes = [ctypes.POINTER(CQTensor), ctypes.c_void_p, _I, ctypes.c_void_p, _I, _I, _I]
     fn.restype = ctypes.c_int
-    rc = fn(ctypes.byref(spec), x.ctypes.data, x.shape[0], y.ctypes.data, ISA_NAMES.index(isa), num_threads)
+    rc = fn(ctypes.byref(spec), x.ctypes.data, x.shape[0], y.ctypes.data, ISA_NAMES.index(isa), num_threads, act_bits)
     if rc == -1:
         raise MemoryError("hr_native_gemm: out of memory")
     if rc != 0:
-        raise ValueError(f"hr_native_gemm refused {w.fmt} {w.rows}x{w.cols} on {isa!r} with {num_threads} threads")
+        raise ValueError(
+            f"hr_native_gemm refused {w.fmt} {w.rows}x{w.cols} on {isa!r} with {num_threads} threads, "
+            f"{act_bits}-bit activations"
+        )
     return y

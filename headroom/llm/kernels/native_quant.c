@@ -49,12 +49,14 @@ float hr_f16_to_f32(uint16_t h) {
     return f;
 }
 
-/* id = 127 / amax, d = amax / 127 (both 0 when amax is 0 or 127 / amax overflows) */
-static inline void block_scales(float amax, float *id, float *db) {
-    *id = amax > 0.0f ? 127.0f / amax : 0.0f;
+/* id = qmax / amax, d = amax / qmax (both 0 when amax is 0 or qmax / amax overflows) */
+static inline void block_scales_q(float amax, float qmax, float *id, float *db) {
+    *id = amax > 0.0f ? qmax / amax : 0.0f;
     if (*id > 3.40282347e38f) *id = 0.0f;
-    *db = *id > 0.0f ? amax / 127.0f : 0.0f;
+    *db = *id > 0.0f ? amax / qmax : 0.0f;
 }
+
+static inline void block_scales(float amax, float *id, float *db) { block_scales_q(amax, 127.0f, id, db); }
 
 #if HR_X86
 /* hr_quantize_rows for finite x with AVX2: the same ops (max is exact, vroundps = rint) */
@@ -120,31 +122,48 @@ void hr_quantize_rows_isa(const float *x, int64_t m, int64_t k, int8_t *q, float
     hr_quantize_rows(x, m, k, q, d, s);
 }
 
-void hr_quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s) {
+/* one block of 32 values -> the rounded, clamped integers in v (as floats); returns sum(q), sets d */
+static int32_t quantize_block(const float *xb, float qmax, float *v, float *d) {
+    float amax = 0.0f;
+    for (int j = 0; j < HR_QK; j++) {
+        const float a = fabsf(xb[j]);
+        amax = a > amax ? a : amax;
+    }
+    float id;
+    block_scales_q(amax, qmax, &id, d);
+    int32_t sum = 0;
+    for (int j = 0; j < HR_QK; j++) {
+        float t = xb[j] * id;
+        t = (t + 12582912.0f) - 12582912.0f; /* rint, ties to even (|t| <= 32767.x < 2^22) */
+        v[j] = t > qmax ? qmax : (t < -qmax ? -qmax : (t == t ? t : 0.0f));
+        sum += (int32_t)v[j];
+    }
+    return sum;
+}
+
+/* rows of x -> q8 (when q8) or q16 integers with qmax, d and s */
+static void quantize_rows_q(const float *x, int64_t m, int64_t k, float qmax, int8_t *q8, int16_t *q16, float *d,
+                            float *s) {
     const int64_t nb = k / HR_QK;
-    for (int64_t i = 0; i < m; i++) {
+    float v[HR_QK], db;
+    for (int64_t i = 0; i < m; i++)
         for (int64_t b = 0; b < nb; b++) {
-            const float *xb = x + i * k + b * HR_QK;
-            int8_t *qb = q + i * k + b * HR_QK;
-            float amax = 0.0f;
-            for (int j = 0; j < HR_QK; j++) {
-                const float a = fabsf(xb[j]);
-                amax = a > amax ? a : amax;
-            }
-            float id, db;
-            block_scales(amax, &id, &db);
-            int32_t sum = 0;
-            for (int j = 0; j < HR_QK; j++) {
-                float v = xb[j] * id;
-                v = (v + 12582912.0f) - 12582912.0f; /* rint, ties to even (|v| <= 127.x < 2^22) */
-                v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : (v == v ? v : 0.0f));
-                qb[j] = (int8_t)v;
-                sum += qb[j];
-            }
+            const int64_t at = i * k + b * HR_QK;
+            const int32_t sum = quantize_block(x + at, qmax, v, &db);
+            for (int j = 0; j < HR_QK; j++)
+                if (q8) q8[at + j] = (int8_t)v[j];
+                else q16[at + j] = (int16_t)v[j];
             d[i * nb + b] = db;
             s[i * nb + b] = db * (float)sum;
         }
-    }
+}
+
+void hr_quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s) {
+    quantize_rows_q(x, m, k, 127.0f, q, NULL, d, s);
+}
+
+void hr_quantize_rows16(const float *x, int64_t m, int64_t k, int16_t *q, float *d, float *s) {
+    quantize_rows_q(x, m, k, 32767.0f, NULL, q, d, s);
 }
 
 /* Checks shared by the exported entry points: 0 ok, -2 bad weight / width / path. */

@@ -47,35 +47,45 @@ static void rms_norm(const float *x, int64_t n, const float *w, float eps, float
     for (int64_t i = 0; i < n; i++) y[i] = x[i] * r * w[i];
 }
 
-/* where a step's activations are quantised (q8 values, the VNNI path's transposed copy, block scales and sums) */
+/* where a step's activations are quantised (q8 values, the VNNI path's transposed copy, 16-bit values, block
+ * scales and sums). Inputs are 8-bit except down_proj's (fp32: SiLU * up has outliers that even 16-bit blocks
+ * blur) and the lm_head's (16-bit): 8 bits there cost the quality gate its top-1 agreement
+ * (docs/native_kernels.md). */
 typedef struct {
     int8_t *q, *qt;
+    int16_t *q16;
     float *d, *s;
 } act_bufs;
 
-static void bind(hr_qact *a, const float *x, int64_t m, int64_t k, const act_bufs *b) {
-    a->x = x, a->q = b->q, a->qt = b->qt, a->d = b->d, a->s = b->s, a->m = m, a->k = k;
+/* bits: 8, 16 or 32 (fp32, not quantised) */
+static void bind(hr_qact *a, const float *x, int64_t m, int64_t k, const act_bufs *b, int bits) {
+    a->x = x, a->q = bits == 32 ? NULL : b->q, a->qt = b->qt, a->q16 = bits == 16 ? b->q16 : NULL;
+    a->d = b->d, a->s = b->s, a->m = m, a->k = k;
 }
 
-static void quantize_row_t(const float *x, int64_t t, int64_t k, const act_bufs *b, int64_t isa) {
-    hr_quantize_rows_isa(x + t * k, 1, k, b->q + t * k, b->d + t * (k / HR_QK), b->s + t * (k / HR_QK), b->qt + t * k, isa);
+static void quantize_row_t(const float *x, int64_t t, int64_t k, const act_bufs *b, int64_t isa, int bits) {
+    const int64_t nb = k / HR_QK;
+    if (bits == 32) return;
+    if (bits == 16) hr_quantize_rows16(x + t * k, 1, k, b->q16 + t * k, b->d + t * nb, b->s + t * nb);
+    else hr_quantize_rows_isa(x + t * k, 1, k, b->q + t * k, b->d + t * nb, b->s + t * nb, b->qt + t * k, isa);
 }
 
 /* rows of src [T, k] -> an activation, split over the team (implicit barrier at the end) */
-static void quantize_team(const float *src, int64_t T, int64_t k, hr_qact *a, const act_bufs *b, int64_t isa) {
-    bind(a, src, T, k, b);
+static void quantize_team(const float *src, int64_t T, int64_t k, hr_qact *a, const act_bufs *b, int64_t isa,
+                          int bits) {
+    bind(a, src, T, k, b, bits);
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; t++) quantize_row_t(src, t, k, b, isa);
+    for (int64_t t = 0; t < T; t++) quantize_row_t(src, t, k, b, isa, bits);
 }
 
 /* RMSNorm of h's rows into xn, quantised in the same pass */
 static void norm_quantize_team(const float *h, int64_t T, int64_t k, const float *w, float eps, float *xn, hr_qact *a,
                                const act_bufs *b, int64_t isa) {
-    bind(a, xn, T, k, b);
+    bind(a, xn, T, k, b, 8);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; t++) {
         rms_norm(h + t * k, k, w, eps, xn + t * k);
-        quantize_row_t(xn, t, k, b, isa);
+        quantize_row_t(xn, t, k, b, isa, 8);
     }
 }
 
@@ -103,15 +113,12 @@ static void silu_mul(float *g, const float *u, int64_t n, int64_t isa) {
     for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-/* silu(g) * u in place over g's rows, quantised in the same pass */
+/* silu(g) * u in place over g's rows (down_proj's fp32 input) */
 static void silu_quantize_team(float *g, const float *u, int64_t T, int64_t k, hr_qact *a, const act_bufs *b,
                                int64_t isa) {
-    bind(a, g, T, k, b);
+    bind(a, g, T, k, b, 32);
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; t++) {
-        silu_mul(g + t * k, u + t * k, k, isa);
-        quantize_row_t(g, t, k, b, isa);
-    }
+    for (int64_t t = 0; t < T; t++) silu_mul(g + t * k, u + t * k, k, isa);
 }
 
 static int check_step(const hr_native_model *m, int64_t T, const int64_t *ids, const int64_t *pos,
@@ -153,8 +160,9 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
     float *s = malloc((size_t)(T * wide / HR_QK + 1) * sizeof(float)), *fin = malloc((size_t)(R * H) * sizeof(float));
     int64_t *slot = malloc((size_t)T * sizeof(int64_t));
     int8_t *q8 = malloc((size_t)(T * wide)), *q8t = malloc((size_t)(T * wide));
+    int16_t *q16 = malloc((size_t)(T * wide) * sizeof(int16_t));
     int rc = 0;
-    if (!h || !xn || !qb || !kb || !vb || !qr || !g || !u || !d || !s || !fin || !slot || !q8 || !q8t) {
+    if (!h || !xn || !qb || !kb || !vb || !qr || !g || !u || !d || !s || !fin || !slot || !q8 || !q8t || !q16) {
         rc = -1;
         goto done;
     }
@@ -168,7 +176,7 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
             }
     }
     for (int64_t t = 0; t < T; t++) slot[t] = tables[seq_of[t] * max_blocks + pos[t] / bs] * bs + pos[t] % bs;
-    const act_bufs bufs = {q8, q8t, d, s};
+    const act_bufs bufs = {q8, q8t, q16, d, s};
     const float scale = 1.0f / sqrtf((float)D);
     const int vec = isa != HR_ISA_SCALAR && hr_has_avx2() && D % 8 == 0;
 #pragma omp parallel num_threads((int)num_threads)
@@ -204,7 +212,7 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
                               ly->v_cache + kh * m->num_slots * D, tables + seq_of[t] * max_blocks, pos[t] + 1, bs,
                               group, D, scale, qb + t * hd + kh * group * D, vec);
             }
-            quantize_team(qb, T, hd, &a, &bufs, isa);
+            quantize_team(qb, T, hd, &a, &bufs, isa, 8);
             hr_gemm_team(&ly->o, &a, h, H, 1, isa);
 #pragma omp barrier
             norm_quantize_team(h, T, H, ly->post_norm, m->eps, xn, &a, &bufs, isa);
@@ -218,12 +226,12 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
         if (num_logits > 0) {
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < num_logits; r++) rms_norm(h + logit_rows[r] * H, H, m->final_norm, m->eps, fin + r * H);
-            quantize_team(fin, num_logits, H, &a, &bufs, isa);
+            quantize_team(fin, num_logits, H, &a, &bufs, isa, 16);
             hr_gemm_team(&m->lm_head, &a, logits, m->vocab, 0, isa);
         }
     }
 done:
     free(h), free(xn), free(qb), free(kb), free(vb), free(qr), free(g), free(u), free(d), free(s), free(fin);
-    free(slot), free(q8), free(q8t);
+    free(slot), free(q8), free(q8t), free(q16);
     return rc;
 }

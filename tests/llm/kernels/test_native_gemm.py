@@ -14,26 +14,28 @@ from headroom.llm.kernels.native_gemm import ISA_ENV, native_gemm, resolve_isa, 
 SHAPES = [(1, 1, 32), (3, 17, 96), (5, 33, 288), (8, 40, 576), (33, 7, 1056), (2, 19, 40), (70, 9, 288)]
 
 
+@pytest.mark.parametrize("act_bits", [8, 16, 32])
 @pytest.mark.parametrize("fmt", qb.FORMATS)
-def test_every_path_is_bit_exact(lib: ctypes.CDLL, isa: str, fmt: str) -> None:
-    rng = np.random.default_rng(hash((isa, fmt)) % 2**32)
+def test_every_path_is_bit_exact(lib: ctypes.CDLL, isa: str, fmt: str, act_bits: int) -> None:
+    rng = np.random.default_rng(hash((isa, fmt, act_bits)) % 2**32)
     for m, n, k in SHAPES:
         if k % qb.QK and fmt not in qb.ELEMENT_BYTES:
             continue
         w = qb.QTensor(fmt, n, k, qb.quantize_weights(fmt, rng.standard_normal((n, k)).astype(np.float32)))
         x = (rng.standard_normal((m, k)) * rng.uniform(0.01, 10)).astype(np.float32)
         x[0, : min(k, 32)] = 0.0  # an all-zero block
-        want = qb.reference_matmul(fmt, w.data, n, k, x)
-        got = native_gemm(lib, w, x, isa, num_threads=2)
-        np.testing.assert_array_equal(got, want, err_msg=f"{fmt} {isa} M={m} N={n} K={k}")
+        want = qb.reference_matmul(fmt, w.data, n, k, x, act_bits)
+        got = native_gemm(lib, w, x, isa, num_threads=2, act_bits=act_bits)
+        np.testing.assert_array_equal(got, want, err_msg=f"{fmt} {isa} {act_bits}-bit M={m} N={n} K={k}")
 
 
 def test_rows_independent_of_batch_and_threads(lib: ctypes.CDLL, isa: str) -> None:
     rng = np.random.default_rng(5)
     w = qb.QTensor("Q4_1", 70, 576, qb.quantize_weights("Q4_1", rng.standard_normal((70, 576)).astype(np.float32)))
     x = rng.standard_normal((32, 576)).astype(np.float32)
-    full = native_gemm(lib, w, x, isa, num_threads=2)
-    np.testing.assert_array_equal(native_gemm(lib, w, x[7:8], isa, num_threads=1), full[7:8])
+    for bits in (8, 16, 32):
+        full = native_gemm(lib, w, x, isa, num_threads=2, act_bits=bits)
+        np.testing.assert_array_equal(native_gemm(lib, w, x[7:8], isa, num_threads=1, act_bits=bits), full[7:8])
 
 
 def test_dispatch_and_forcing(lib: ctypes.CDLL) -> None:
