@@ -8,6 +8,7 @@ LLM's cold start). `headroom --help` still lists every command (it imports them 
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,7 +127,16 @@ def _root() -> None:
     """Serve models within their latency SLOs, load-test them, and plan the hardware a load needs."""
 
 
+#: OpenMP threads that sleep at barriers instead of spinning. The LLM step runs ~330 barriers; with spinning
+#: threads (libgomp's default) a 2-thread step on a 2-core machine that also runs the event loop or a load
+#: generator took 818 ms instead of 22.5 ms (docs/native_kernels.md). Read when libgomp loads (with torch), so
+#: it is set before any subcommand is imported; a value the user exported wins.
+OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def main() -> None:
+    for key, value in OPENMP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     try:
         app()
     except ModuleNotFoundError as exc:  # an optional dependency imported when a feature is used (plots, reports)
