@@ -168,8 +168,8 @@ def servers(args: argparse.Namespace, llama: Path | None) -> list[Server]:
                 str(port),
                 "--parallel",
                 "32",
-                "-c",
-                str(32 * 256),
+                "-c",  # 32 slots, each holding the longest prompt of any level plus its answer
+                str(32 * (max(args.prompt_tokens, args.long_prompt_tokens) + args.max_tokens + 64)),
                 "-t",
                 str(args.llama_threads or args.threads),
                 "--metrics",
