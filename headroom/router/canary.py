@@ -54,9 +54,9 @@ class CanaryTracker:
         if not failed:
             s.latencies = s.latencies.add(latency_s)
 
-    def evaluate(self, now_s: float) -> rollout.RolloutDecision:
+    def evaluate(self, now_s: float, canary_ejected: bool = False) -> rollout.RolloutDecision:
         decision, self.state = rollout.evaluate(self.arms["baseline"].stats(), self.arms["canary"].stats(),
-                                                self.state, now_s, self.config)
+                                                self.state, now_s, self.config, canary_ejected)
         if decision.canary_weight != self.weight or decision.phase != (self.history[-1].phase if self.history
                                                                         else "progressing"):
             log.warning("event=rollout_%s version=%s canary_weight=%.2f reason=%s", decision.phase,

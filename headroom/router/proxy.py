@@ -163,7 +163,9 @@ class Router:
             self._wake_checker.clear()
             await self.check_once()
             if self.canary is not None:
-                self.canary.evaluate(self.clock.now_s())
+                now = self.clock.now_s()
+                arm = [s for s in self.snapshots() if self.canary.in_arm("canary", s.version)]
+                self.canary.evaluate(now, bool(arm) and all(s.ejected(now) for s in arm))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake_checker.wait(), self.config.check_interval_s)
 

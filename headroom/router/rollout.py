@@ -7,6 +7,10 @@ each step lasts at least `step_duration_s` and `min_requests` canary requests. T
 * its error rate exceeds the baseline's by more than `max_error_rate_increase` (absolute), or
 * its p99 exceeds the baseline's p99 x `max_p99_ratio`.
 
+It is also rolled back, whatever its request count, when every canary replica has been ejected by outlier
+detection (consecutive failures): an ejected canary gets no traffic, so waiting for `min_requests` would hold
+the rollout forever.
+
 When a step passes, the weight moves to the next step and the decision says to reset the per-step stats.
 `pick_version` splits a single request by the current weight with an injected RNG.
 """
@@ -79,10 +83,16 @@ def _weight(state: RolloutState, cfg: CanaryConfig) -> float:
 
 
 def evaluate(baseline: VersionStats, canary: VersionStats, state: RolloutState, now_s: float,
-             cfg: CanaryConfig) -> tuple[RolloutDecision, RolloutState]:
-    """Judge the current step; promote, hold, or roll back."""
+             cfg: CanaryConfig, canary_ejected: bool = False) -> tuple[RolloutDecision, RolloutState]:
+    """Judge the current step; promote, hold, or roll back (`canary_ejected`: every canary replica is
+    ejected for consecutive failures right now)."""
     if state.phase != "progressing":
         return RolloutDecision(_weight(state, cfg), state.phase, False, state.phase), state
+    if canary_ejected:
+        new = RolloutState(state.step, state.step_started_s, "rolled_back")
+        why = (f"every canary replica was ejected for consecutive failures (canary error rate "
+               f"{canary.error_rate():.3f} over {canary.requests} requests)")
+        return RolloutDecision(0.0, "rolled_back", True, why), new
     if canary.requests < cfg.min_requests:
         return RolloutDecision(_weight(state, cfg), "progressing", False, "waiting for canary traffic"), state
     err_gap = canary.error_rate() - baseline.error_rate()

@@ -55,3 +55,11 @@ def test_pick_version_follows_the_weight() -> None:
 def test_steps_must_end_at_full_traffic() -> None:
     with pytest.raises(ValueError, match=r"ending at 1\.0"):
         CanaryConfig(steps=(0.05, 0.5))
+
+
+def test_a_canary_whose_replicas_are_all_ejected_is_rolled_back_before_min_requests() -> None:
+    state = start(0.0)
+    d, state = evaluate(GOOD, VersionStats(5, 5, 0.0), state, 1.0, CFG, canary_ejected=True)
+    assert d.phase == "rolled_back" and d.canary_weight == 0.0 and "ejected" in d.reason
+    d, _ = evaluate(GOOD, VersionStats(5, 0, 0.1), start(0.0), 1.0, CFG, canary_ejected=False)
+    assert d.phase == "progressing"  # not ejected: keep waiting for min_requests

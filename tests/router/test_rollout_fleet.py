@@ -98,7 +98,8 @@ async def test_a_bad_version_is_rolled_back_and_torn_down(tmp_path: Path) -> Non
         seen = await _drive(client, lambda: fleet.status()["phase"] in ("complete", "rolled_back", "failed"))
         doc = fleet.status()
         assert doc["phase"] == "rolled_back" and "error" in doc["detail"], doc
-        assert seen.get("500", 0) >= 10  # the canary's failures were measured...
+        # the canary's failures were measured (min_requests, or the 5 in a row that eject it)...
+        assert seen.get("500", 0) >= 5
         assert {u.replica_id for u in fleet.serving()} == old_ids  # ...and its replicas are gone
         for _ in range(6):
             assert (await client.post("/v2/models/m/infer", content=b"{}")).json()["replica"] == "v1"
