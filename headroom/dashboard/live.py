@@ -102,7 +102,7 @@ def _increase(before: float, after: float) -> float:
     return after - before if after >= before else after  # a reset: the counter restarted from 0
 
 
-class _Window:
+class SeriesWindow:
     """Deltas of one label's series between two readings."""
 
     def __init__(self, before: Reading, after: Reading, label: str) -> None:
@@ -131,7 +131,7 @@ class _Window:
         return _sum_by(self.after, name, self.label).get(model)
 
 
-def _tensor_model(w: _Window, m: str) -> LiveModel:
+def _tensor_model(w: SeriesWindow, m: str) -> LiveModel:
     p50, p99 = w.quantiles("headroom_request_duration_seconds", m)
     batches = w.increase("headroom_batch_size_count", m)
     return LiveModel(
@@ -144,7 +144,7 @@ def _tensor_model(w: _Window, m: str) -> LiveModel:
         ttft_p50_s=None, ttft_p99_s=None, tokens_per_s=None)
 
 
-def _llm_model(w: _Window, m: str) -> LiveModel:
+def _llm_model(w: SeriesWindow, m: str) -> LiveModel:
     p50, p99 = w.quantiles("headroom_llm_e2e_request_latency_seconds", m)
     ttft50, ttft99 = w.quantiles("headroom_llm_time_to_first_token_seconds", m)
     return LiveModel(
@@ -161,8 +161,8 @@ def _llm_model(w: _Window, m: str) -> LiveModel:
 def live_point(before: Reading, after: Reading, t0_s: float, replicas: int | None = None) -> LivePoint:
     """The live numbers of the window from `before` to `after` (pure). `replicas` overrides the registry's
     `headroom_autoscaler_desired_replicas`, if any."""
-    tensor = _Window(before, after, "model")
-    llm = _Window(before, after, "model_name")
+    tensor = SeriesWindow(before, after, "model")
+    llm = SeriesWindow(before, after, "model_name")
     tensor_names: set[str] = set()
     for name in ("headroom_requests_total", "headroom_queue_depth", "headroom_request_duration_seconds_count"):
         tensor_names |= set(_sum_by(after, name, "model"))
@@ -177,30 +177,43 @@ def live_point(before: Reading, after: Reading, t0_s: float, replicas: int | Non
                      inflight=inflight, replicas=replicas, models=tuple(models))
 
 
-class LiveSampler:
-    """Readings of one registry on demand; `point()` compares now with about one window ago."""
+class Readings:
+    """Readings of one registry on demand, kept just long enough to reach one window back."""
 
     def __init__(self, registry: CollectorRegistry, clock: Clock, window_s: float = 5.0,
-                 replicas: Callable[[], int | None] | None = None, max_readings: int = 1000) -> None:
+                 max_readings: int = 1000) -> None:
         if not window_s > 0 or max_readings < 2:
             raise ValueError(f"window_s must be > 0 and max_readings >= 2, got {window_s}, {max_readings}")
         self._registry = registry
         self._clock = clock
         self._window_s = window_s
-        self._replicas = replicas
-        self._t0_s = clock.now_s()
+        self.t0_s = clock.now_s()
         # Oldest first; [0] is the newest reading at least one window old (or the oldest there is).
-        self._readings: deque[Reading] = deque([read_registry(registry, self._t0_s)], maxlen=max_readings)
+        self._readings: deque[Reading] = deque([read_registry(registry, self.t0_s)], maxlen=max_readings)
 
-    def point(self) -> LivePoint:
-        """Read the registry now and return the window's numbers."""
+    def take(self) -> tuple[Reading, Reading]:
+        """Read the registry now: (the reading about one window ago, now)."""
         now = read_registry(self._registry, self._clock.now_s())
         readings = self._readings
         readings.append(now)
         while len(readings) > 2 and readings[1].time_s <= now.time_s - self._window_s:
             readings.popleft()
+        return readings[0], now
+
+
+class LiveSampler:
+    """Readings of one registry on demand; `point()` compares now with about one window ago."""
+
+    def __init__(self, registry: CollectorRegistry, clock: Clock, window_s: float = 5.0,
+                 replicas: Callable[[], int | None] | None = None, max_readings: int = 1000) -> None:
+        self._readings = Readings(registry, clock, window_s, max_readings)
+        self._replicas = replicas
+
+    def point(self) -> LivePoint:
+        """Read the registry now and return the window's numbers."""
+        before, now = self._readings.take()
         replicas = self._replicas() if self._replicas is not None else None
-        return live_point(readings[0], now, self._t0_s, replicas)
+        return live_point(before, now, self._readings.t0_s, replicas)
 
 
 def point_json(point: LivePoint) -> dict[str, Any]:

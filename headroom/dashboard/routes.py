@@ -42,7 +42,8 @@ class SimulateBody(BaseModel):
     seed: int = 0
 
 
-def _page() -> str:
+def page_html() -> str:
+    """The dashboard's single page (also served by the router, whose fleet view it shows)."""
     return resources.files("headroom.dashboard").joinpath("page.html").read_text(encoding="utf-8")
 
 
@@ -51,7 +52,7 @@ def dashboard_routes(prefix: str = "/dashboard", registry: CollectorRegistry | N
                      replicas: Callable[[], int | None] | None = None) -> list[Route]:
     """The dashboard's routes under `prefix`. With `registry` (the server's), `/api/live` serves its live
     numbers over `live_window_s`; `replicas` reports the serving replica count where something knows it."""
-    page = _page()
+    page = page_html()
     sampler = (LiveSampler(registry, clock or MonotonicClock(), live_window_s, replicas)
                if registry is not None else None)
 

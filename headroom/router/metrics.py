@@ -35,9 +35,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
+from headroom.core.clock import Clock, MonotonicClock
+from headroom.dashboard.fleet import FleetSampler, fleet_json
+from headroom.dashboard.routes import page_html
 from headroom.router.snapshot import ReplicaSnapshot
 
 if TYPE_CHECKING:
@@ -165,8 +168,20 @@ def stats_document(v: RouterView) -> dict[str, object]:
             "concurrency_limit": v.concurrency_limit, "canary": v.canary}
 
 
-def admin_routes(read: Callable[[], RouterView], registry: CollectorRegistry) -> list[Route]:
-    """The router's own endpoints: `/router/stats` (JSON), `/metrics` (Prometheus), `/metrics/replicas` (SD)."""
+def admin_routes(read: Callable[[], RouterView], registry: CollectorRegistry, clock: Clock | None = None,
+                 fleet_window_s: float = 5.0) -> list[Route]:
+    """The router's own endpoints: `/router/stats` (JSON), `/metrics` (Prometheus), `/metrics/replicas` (SD),
+    and the dashboard with its fleet view (`/dashboard`, `/dashboard/api/fleet`; the page's per-model view,
+    `/dashboard/api/live`, is proxied to a replica like any other path)."""
+    fleet = FleetSampler(registry, clock or MonotonicClock(), fleet_window_s)
+    page = page_html()
+
+    async def dashboard(request: Request) -> Response:
+        return HTMLResponse(page)
+
+    async def fleet_api(request: Request) -> Response:
+        return Response(orjson.dumps(fleet_json(fleet.point())), media_type="application/json",
+                        headers={"cache-control": "no-store"})
 
     async def stats(request: Request) -> Response:
         return Response(orjson.dumps(stats_document(read())), media_type="application/json")
@@ -178,7 +193,8 @@ def admin_routes(read: Callable[[], RouterView], registry: CollectorRegistry) ->
         return Response(orjson.dumps(service_discovery(read().replicas)), media_type="application/json")
 
     return [Route("/router/stats", stats, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
-            Route("/metrics/replicas", discovery, methods=["GET"])]
+            Route("/metrics/replicas", discovery, methods=["GET"]), Route("/dashboard", dashboard, methods=["GET"]),
+            Route("/dashboard/api/fleet", fleet_api, methods=["GET"])]
 
 
 def router_view(router: Router) -> RouterView:

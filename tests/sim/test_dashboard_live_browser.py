@@ -68,6 +68,7 @@ def test_live_charts_show_the_servers_traffic(server: RunningServer, traffic: li
     assert rate is not None
     assert float(rate.group(1)) > 0
     assert '<section id="live" aria-label="live server">' in dom  # shown (not hidden) on a real server
+    assert '<section id="fleet" aria-label="fleet" hidden' in dom  # no router in front: no fleet view
     for series in ("echo", "echo p99"):  # the rate and latency charts drew a line for the model
         assert f'data-series="{series}"' in dom
     assert re.search(r"<td>echo</td><td>tensor</td><td>[0-9.]+</td>", dom)
