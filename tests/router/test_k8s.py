@@ -12,6 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from headroom.router.k8s import K8sConfig, deploy_app, manifests, to_yaml
+from tests.support.keda_schema import validate_strictly
 
 K8S_VERSION = "1.37.0"
 
@@ -23,8 +24,22 @@ def test_core_manifests_validate_strictly(autoscaler: str) -> None:
     assert kinds[:3] == ["Deployment", "Service", "PodDisruptionBudget"]
     for doc in docs:
         if doc["apiVersion"].startswith("keda.sh/"):
-            continue  # a CRD: checked structurally below
+            validate_strictly(doc)  # a CRD: KEDA's own schema, unknown keys refused
+            continue
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize(("path", "value"), [(("spec", "minReplicaCont"), 1), (("spec", "triggers", 0, "type"), 5),
+                                             (("spec", "triggers", 0, "metadatas"), {}),
+                                             (("spec", "advanced", "horizontalPodAutoscalerConfig", "behaviour"), {})])
+def test_a_misspelt_or_mistyped_scaled_object_is_refused(path: tuple[Any, ...], value: object) -> None:
+    so = next(d for d in manifests(K8sConfig(autoscaler="keda")) if d["kind"] == "ScaledObject")
+    node: Any = so
+    for key in path[:-1]:
+        node = node.setdefault(key, {}) if isinstance(key, str) else node[key]
+    node[path[-1]] = value
+    with pytest.raises(ValueError):
+        validate_strictly(so)
 
 
 def test_an_invalid_manifest_is_caught_by_the_validator() -> None:
