@@ -1,4 +1,7 @@
-"""The asyncio batcher around the policy, with a fake model (no weights) and the real clock."""
+"""The asyncio batcher around the policy, with a fake model (no weights) and the real clock.
+
+No test sleeps for a guessed time: the model signals when a batch entered it (`entered`), and queue states
+are awaited with a bounded poll (`tests.support.waiting.until`)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from headroom.core.clock import FakeClock, MonotonicClock
 from headroom.core.errors import DeadlineExceeded, HeadroomError, Overloaded
 from headroom.models.base import Model
 from headroom.models.config import ModelConfig, TensorSpec
+from tests.support.waiting import until
 
 
 class Doubler(Model):
@@ -28,11 +32,13 @@ class Doubler(Model):
                                      outputs=(TensorSpec("y", "FP32", (1,)),), max_batch_size=8))
         self.gate = threading.Event()
         self.gate.set()
+        self.entered = threading.Event()  # set when a batch reaches predict (before the gate)
         self.batches: list[list[float]] = []
         self.fail = False
 
     def predict(self, batch: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
-        self.gate.wait(timeout=10)
+        self.entered.set()
+        self.gate.wait(timeout=30)
         self.batches.append([float(v) for v in batch["x"].ravel()])
         if self.fail:
             raise RuntimeError("boom")
@@ -42,6 +48,11 @@ class Doubler(Model):
 def make(model: Doubler, **policy: object) -> Batcher:
     cfg = BatchPolicyConfig(**{"max_batch_size": 8, "max_queue_delay_s": 0.05, **policy})  # type: ignore[arg-type]
     return Batcher(model, BatcherConfig(policy=cfg, max_queue_size=64), MonotonicClock(), name="doubler")
+
+
+async def executing(model: Doubler) -> None:
+    """Wait until the model holds a batch (blocked on its gate)."""
+    await until(model.entered.is_set, "a batch to reach the model")
 
 
 async def submit(b: Batcher, value: float, timeout_s: float = 5.0, priority: int = 1) -> np.ndarray:
@@ -69,9 +80,9 @@ async def test_requests_queue_behind_a_busy_instance_and_batch_up() -> None:
     b.start()
     try:
         first = asyncio.create_task(submit(b, 1.0))
-        await asyncio.sleep(0.05)  # the first batch is now executing and blocked on the gate
+        await executing(model)  # the first batch is now executing and blocked on the gate
         rest = [asyncio.create_task(submit(b, float(i))) for i in range(2, 6)]
-        await asyncio.sleep(0.05)
+        await until(lambda: b.queue_depth == 4, "4 requests queued")
         model.gate.set()
         await asyncio.gather(first, *rest)
     finally:
@@ -88,7 +99,8 @@ async def test_full_queue_rejects_immediately_with_retry_after() -> None:
     b.start()
     try:
         held = [asyncio.create_task(submit(b, 1.0)), asyncio.create_task(submit(b, 2.0))]
-        await asyncio.sleep(0.05)
+        await executing(model)
+        await until(lambda: b.queue_depth == 1, "the second request queued")
         with pytest.raises(Overloaded) as info:
             await submit(b, 3.0)
         assert info.value.retry_after_s and info.value.http_status == 503
@@ -106,7 +118,7 @@ async def test_deadline_passing_in_the_queue_gives_504_and_the_model_never_sees_
     b.start()
     try:
         blocker = asyncio.create_task(submit(b, 1.0))
-        await asyncio.sleep(0.05)
+        await executing(model)
         with pytest.raises(DeadlineExceeded):
             await submit(b, 99.0, timeout_s=0.05)
         model.gate.set()
@@ -124,13 +136,11 @@ async def test_cancelled_request_is_dropped_from_the_queue() -> None:
     b.start()
     try:
         blocker = asyncio.create_task(submit(b, 1.0))
-        await asyncio.sleep(0.05)
+        await executing(model)
         gone = asyncio.create_task(submit(b, 42.0))
-        await asyncio.sleep(0.05)
-        assert b.queue_depth == 1
+        await until(lambda: b.queue_depth == 1, "the request queued")
         gone.cancel()
-        await asyncio.sleep(0.01)
-        assert b.queue_depth == 0
+        await until(lambda: b.queue_depth == 0, "the cancelled request to leave the queue")
         model.gate.set()
         await blocker
     finally:
@@ -165,11 +175,11 @@ async def test_priority_one_jumps_the_queue() -> None:
     b.start()
     try:
         tasks = [asyncio.create_task(submit(b, 1.0, priority=2))]
-        await asyncio.sleep(0.05)
+        await executing(model)
         tasks += [asyncio.create_task(submit(b, 2.0, priority=2))]
-        await asyncio.sleep(0.02)
+        await until(lambda: b.queue_depth == 1, "the priority-2 request queued")
         tasks += [asyncio.create_task(submit(b, 3.0, priority=1))]
-        await asyncio.sleep(0.02)
+        await until(lambda: b.queue_depth == 2, "the priority-1 request queued")
         model.gate.set()
         await asyncio.gather(*tasks)
     finally:

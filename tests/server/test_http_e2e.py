@@ -17,6 +17,7 @@ import tritonclient.http as triton_http
 from headroom.server.timing import parse_server_timing
 from tests.server.conftest import seen_tags
 from tests.support.server import TRUST_PYTHON, RunningServer
+from tests.support.waiting import until, until_async
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -124,11 +125,24 @@ def _slow_body(delay_ms: float, tag: int) -> dict[str, object]:
                        {"name": "tag", "datatype": "INT64", "shape": [1, 1], "data": [tag]}]}
 
 
+async def _slow_depth_is(client: httpx.AsyncClient, depth: int) -> None:
+    """Wait until `slow` holds `depth` admitted, unfinished requests (its queue-depth gauge)."""
+    async def holds() -> bool:
+        return metric((await client.get("/metrics")).text, "headroom_queue_depth", model="slow") == depth
+
+    await until_async(holds, f"slow's queue depth to reach {depth}")
+
+
+async def _executing(test_repo: Path, tag: int) -> None:
+    """Wait until the slow model started the request tagged `tag` (it writes the tag before sleeping)."""
+    await until(lambda: tag in seen_tags(test_repo), f"slow to start request {tag}")
+
+
 async def test_full_queue_gives_503_with_retry_after_and_is_counted(server: RunningServer) -> None:
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         tasks = [asyncio.create_task(client.post("/v2/models/slow/infer", json=_slow_body(400, 100 + i)))
                  for i in range(3)]
-        await asyncio.sleep(0.15)
+        await _slow_depth_is(client, 3)
         t0 = time.monotonic()
         r = await client.post("/v2/models/slow/infer", json=_slow_body(0, 199))
         reject_s = time.monotonic() - t0
@@ -152,7 +166,7 @@ async def test_expired_deadline_gives_504_and_the_model_never_sees_it(server: Ru
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         await _settle_service_estimate(client, 310)
         blocker = asyncio.create_task(client.post("/v2/models/slow/infer", json=_slow_body(1000, 300)))
-        await asyncio.sleep(0.15)
+        await _executing(test_repo, 300)
         r = await client.post("/v2/models/slow/infer", json=_slow_body(0, 301),
                                headers={"X-Request-Timeout-Ms": "500"})
         assert r.status_code == 504, r.text
@@ -162,7 +176,7 @@ async def test_expired_deadline_gives_504_and_the_model_never_sees_it(server: Ru
         body = _slow_body(0, 302)
         body["parameters"] = {"timeout": 500_000}  # microseconds, Triton's convention
         blocker = asyncio.create_task(client.post("/v2/models/slow/infer", json=_slow_body(1000, 303)))
-        await asyncio.sleep(0.15)
+        await _executing(test_repo, 303)
         r2 = await client.post("/v2/models/slow/infer", json=body)
         assert r2.status_code == 504, r2.text
         await blocker
@@ -178,7 +192,7 @@ async def test_a_predicted_delay_over_the_budget_gets_503_at_once(server: Runnin
         await _settle_service_estimate(client, 330)
         assert (await client.post("/v2/models/slow/infer", json=_slow_body(1000, 340))).status_code == 200
         blocker = asyncio.create_task(client.post("/v2/models/slow/infer", json=_slow_body(1000, 341)))
-        await asyncio.sleep(0.15)
+        await _executing(test_repo, 341)
         r = await client.post("/v2/models/slow/infer", json=_slow_body(0, 342), headers={"X-Request-Timeout-Ms": "300"})
         body = _slow_body(0, 343)
         body["parameters"] = {"timeout": 300_000}
@@ -198,16 +212,16 @@ def test_disconnected_client_is_dropped_from_the_queue(server: RunningServer, te
 
     async def scenario() -> None:
         first = asyncio.create_task(blocker.post("/v2/models/slow/infer", json=_slow_body(600, 400)))
-        await asyncio.sleep(0.15)
+        await _executing(test_repo, 400)
         body = json.dumps(_slow_body(0, 401)).encode()
         # A raw socket client that sends its request, then hangs up while the request is queued.
         sock = socket.create_connection(("127.0.0.1", server.http_port))
         sock.sendall(b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        await asyncio.sleep(0.1)
+        await _slow_depth_is(blocker, 2)  # the blocker and the queued request
         sock.close()
         assert (await first).status_code == 200
-        await asyncio.sleep(0.3)
+        await _slow_depth_is(blocker, 0)  # the hung-up request left the queue without running
         await blocker.aclose()
 
     asyncio.run(scenario())
