@@ -11,6 +11,7 @@ from headroom.router.degrade import DegradeConfig, rewrite
 from headroom.router.fake_replica import ReplicaBehaviour
 from headroom.router.proxy import ProxyConfig
 from tests.router.test_proxy import fleet
+from tests.support.waiting import until
 
 FALLBACKS = {"big": "small"}
 
@@ -41,7 +42,7 @@ async def test_proxy_degrades_only_when_the_fleet_is_busy() -> None:
         assert idle.json()["model_name"] == "big" and "x-headroom-degraded-to" not in idle.headers
         busy = [client.post("/v2/models/big/infer", content=b"{}") for _ in range(4)]  # 4 of 8 slots
         first = asyncio.gather(*busy)
-        await asyncio.sleep(0.1)
+        await until(lambda: router.inflight >= 4, "4 requests in flight on big")
         late = await client.post("/v2/models/big/infer", content=b"{}")
         await first
         assert late.json()["model_name"] == "small" and late.headers["x-headroom-degraded-to"] == "small"

@@ -20,6 +20,7 @@ from headroom.router import health as hp
 from headroom.router.grpc_proxy import SERVICE_NAME, GrpcProxy
 from headroom.router.proxy import ProxyConfig, Router
 from headroom.router.upstream import Upstream
+from tests.support.waiting import until
 
 
 class EchoPlane:
@@ -128,8 +129,7 @@ async def test_stream_calls_are_relayed_to_a_replica() -> None:
         answers = [pb.ModelStreamInferResponse.FromString(raw) async for raw in call]
         assert sorted(a.infer_response.id for a in answers) == ["q0", "q1"]
         assert all(not a.error_message for a in answers)
-        await asyncio.sleep(0.05)
-        assert all(rt.outstanding == 0 for rt in router.replicas.values())
+        await until(lambda: all(rt.outstanding == 0 for rt in router.replicas.values()), "outstanding back to 0")
 
 
 class StuckPlane(EchoPlane):

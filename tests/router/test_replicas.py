@@ -16,6 +16,7 @@ import orjson
 from headroom.router.fake_replica import serve_asgi
 from headroom.router.proxy import ProxyConfig, Router
 from headroom.router.replicas import CommandFactory, LocalReplicaManager, ReplicaManagerConfig
+from tests.support.waiting import until
 
 INFER = "/v2/models/m/infer"
 
@@ -105,12 +106,16 @@ async def test_scaling_down_drains_without_losing_requests() -> None:
         await wait_ready(router, 2)
         sem = asyncio.Semaphore(4)
 
+        answered: list[int] = []
+
         async def one(i: int) -> httpx.Response:
             async with sem:
-                return await client.post(INFER, content=orjson.dumps({"i": i}))
+                r = await client.post(INFER, content=orjson.dumps({"i": i}))
+                answered.append(r.status_code)
+                return r
 
         load = asyncio.gather(*(one(i) for i in range(80)))
-        await asyncio.sleep(0.3)
+        await until(lambda: len(answered) >= 10, "the load to be under way")
         await manager.scale_to(1, 0)  # SIGTERM one replica mid-load
         responses = await load
         assert [r.status_code for r in responses] == [200] * 80
