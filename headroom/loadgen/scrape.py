@@ -114,7 +114,8 @@ class MetricsScraper:
         self.log.add(t_s, parse_prometheus_text(resp.text, self._patterns))
 
     async def _loop(self) -> None:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(max(self._interval_s, 1.0))) as http:
+        # A scrape slower than the interval (a busy server) only delays the next one: give it time to answer.
+        async with httpx.AsyncClient(timeout=httpx.Timeout(max(self._interval_s, 5.0))) as http:
             while True:
                 await self.scrape_once(http)
                 await asyncio.sleep(self._interval_s)
@@ -127,10 +128,13 @@ class MetricsScraper:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="metrics-scraper")
 
     async def stop(self) -> None:
-        """Cancel the polling task and wait for it to end."""
+        """Cancel the polling task, wait for it to end, then take one last scrape: the window always reaches
+        the end of the run (however few of the periodic scrapes a busy server answered)."""
         if self._task is None:
             return
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
+        async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as http:
+            await self.scrape_once(http)
