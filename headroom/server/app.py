@@ -108,6 +108,7 @@ class Server:
         self.registry.register(CascadeCollector(self._served_models))
         self.gc_monitor = GcMonitor(self.registry)
         self._llm_services: list[Any] = []
+        self._llm_grpc: Any = None  # the LLMs on gRPC ModelInfer / ModelStreamInfer (llm/grpc_generate.py)
         self._stop = asyncio.Event()
         self._http: _UvicornServer | None = None
         self._grpc: Any = None
@@ -124,6 +125,7 @@ class Server:
             return [], []
         from headroom.llm.factory import build_llm_service
         from headroom.llm.generate import GenerateRoutes
+        from headroom.llm.grpc_generate import GrpcGenerate
         from headroom.llm.http import openai_routes
 
         routes: list[BaseRoute] = []
@@ -139,6 +141,7 @@ class Server:
             cards.extend(service.serving.model_cards())
             servings[entry.config.name] = service.serving
         generate = GenerateRoutes(servings, lambda name: bool(self.dataplane.loaded_versions(name)))
+        self._llm_grpc = GrpcGenerate(generate)
         return [*routes, *generate.routes()], cards
 
     async def run(self, on_ready: Callable[[Server], None] | None = None) -> None:
@@ -195,7 +198,8 @@ class Server:
             self._grpc, self.grpc_port = await bind_grpc_server(
                 self.dataplane, self.config.host, self.config.grpc_port, labels=self.dataplane.labels,
                 interceptors=[interceptor], credentials=creds,
-                admin=[TritonAdminServicer(api.triton)], configs=self.dataplane.config_of)
+                admin=[TritonAdminServicer(api.triton)], configs=self.dataplane.config_of,
+                generative=self._llm_grpc)
         self._load_task = asyncio.create_task(self._load(repo, index, manager, on_ready), name="model-loader")
         try:
             await self._stop.wait()
