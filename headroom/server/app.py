@@ -136,7 +136,7 @@ class Server:
             self._llm_services.append(service)
             self.lifecycle.add_readiness_check(service)
             self.lifecycle.add_liveness_check(service)
-            self.dataplane.generative.add(entry.config, service)
+            service.serving.observer = self.dataplane.generative.add(entry.config, service)
             routes.extend(openai_routes(service.serving))
             cards.extend(service.serving.model_cards())
             servings[entry.config.name] = service.serving

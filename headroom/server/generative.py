@@ -10,6 +10,7 @@ from typing import Any
 
 from headroom.core.errors import ModelNotFound
 from headroom.models.config import ModelConfig
+from headroom.server.statistics import LLMStatistics
 
 
 class GenerativeModels:
@@ -17,9 +18,20 @@ class GenerativeModels:
 
     def __init__(self) -> None:
         self._models: dict[str, tuple[ModelConfig, Any]] = {}
+        self._stats: dict[str, LLMStatistics] = {}
 
-    def add(self, config: ModelConfig, engine: Any) -> None:
+    def add(self, config: ModelConfig, engine: Any) -> LLMStatistics:
+        """Serve `config`'s LLM on `engine`; returns the statistics its requests are to be counted in."""
         self._models[config.name] = (config, engine)
+        return self._stats.setdefault(config.name, LLMStatistics())
+
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+    def stats(self, name: str, version: str = "") -> dict[str, object]:
+        """`name`'s statistics in Triton's schema (the version is "": an LLM has none)."""
+        self.config(name, version)  # a version is a 404
+        return {**self._stats[name].stats.to_json(name, ""), "queue_depth": None, "cold_start": []}
 
     def __contains__(self, name: object) -> bool:
         return name in self._models

@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
+import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
 from tests.support.server import RunningServer, run_server
@@ -195,3 +196,52 @@ def test_the_llm_metadata_and_config_over_grpc_match_http(llm: RunningServer) ->
     assert {"sampling_parameters", "stream", "max_tokens"} <= set(optional)
     assert [i["name"] for i in config["input"]] == [i["name"] for i in http_config["input"]]
     assert client.is_model_ready("smollm2")
+
+
+def _stats(llm: RunningServer) -> dict[str, Any]:
+    """The LLM's statistics through tritonclient.http, checked against tritonclient.grpc's."""
+    rows = th.InferenceServerClient(llm.http_target).get_inference_statistics("smollm2")["model_stats"]
+    assert len(rows) == 1
+    via_http = dict(rows[0])
+    via_grpc = tg.InferenceServerClient(llm.grpc_target).get_inference_statistics("smollm2", as_json=True)
+    grpc_row = via_grpc["model_stats"][0]
+    assert grpc_row["name"] == via_http["name"] == "smollm2"
+    assert int(grpc_row.get("inference_count", 0)) >= int(via_http["inference_count"])  # read after HTTP
+    return via_http
+
+
+def _wait_for_successes(llm: RunningServer, count: int) -> dict[str, Any]:
+    """Poll (bounded) until `count` successes are counted: a stream's report lands after its last chunk."""
+    for _ in range(600):
+        stats = _stats(llm)
+        if stats["inference_stats"]["success"]["count"] >= count:
+            return stats
+        httpx.get(llm.url + "/v2/health/live", timeout=10)  # a round trip, not a sleep
+    raise AssertionError(f"statistics never reached {count} successes: {stats}")
+
+
+def test_llm_statistics_count_every_route_in_tritons_schema(llm: RunningServer) -> None:
+    before = _stats(llm)
+    ok, fail = before["inference_stats"]["success"]["count"], before["inference_stats"]["fail"]["count"]
+    client = tg.InferenceServerClient(llm.grpc_target)
+    client.infer("smollm2", [_bytes_input("text_input", PROMPT)], parameters=GREEDY)  # gRPC ModelInfer
+    _stream(client, parameters=GREEDY)  # gRPC ModelStreamInfer
+    assert httpx.post(llm.url + "/v2/models/smollm2/generate", timeout=60,
+                      json={"text_input": PROMPT, "parameters": GREEDY}).status_code == 200
+    assert httpx.post(llm.url + "/v1/completions", timeout=60,
+                      json={"model": "smollm2", "prompt": PROMPT, **GREEDY}).status_code == 200
+    assert httpx.post(llm.url + "/v1/completions", timeout=60,  # refused by the engine's validation: a failure
+                      json={"model": "smollm2", "prompt": PROMPT, "temperature": 9}).status_code == 400
+    after = _wait_for_successes(llm, ok + 4)
+    stats = after["inference_stats"]
+    assert stats["success"]["count"] == ok + 4 and stats["fail"]["count"] == fail + 1
+    assert after["inference_count"] - before["inference_count"] == 4
+    assert after["execution_count"] - before["execution_count"] == 4
+    for stage in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert stats[stage]["count"] - before["inference_stats"][stage]["count"] == 4, stage
+    grew = stats["compute_infer"]["ns"] - before["inference_stats"]["compute_infer"]["ns"]
+    assert grew > 0 and stats["success"]["ns"] >= stats["compute_infer"]["ns"]
+    assert after["last_inference"] > 0 and after["batch_stats"][0]["batch_size"] == 1
+    every = httpx.get(llm.url + "/v2/models/stats", timeout=10).json()["model_stats"]
+    assert {"smollm2", "digits"} <= {row["name"] for row in every}
+    assert httpx.get(llm.url + "/v2/models/smollm2/versions/2/stats", timeout=10).status_code == 404
