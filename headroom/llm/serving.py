@@ -69,6 +69,7 @@ class OpenAIServing:
         self.request_timeout_s = 0.0  # 0 = no deadline
         self.weight_format = ""  # what the model runs on, e.g. "gguf:Q4_1+Q8_0" or "fp32" ("" = not loaded yet)
         self.observer: RequestObserver | None = None  # sees every request's outcome (statistics)
+        self.unloaded = False  # unloaded through the repository API (or its directory removed): 404
 
     def attach(
         self, engine: AsyncLLMEngine, tokenizer: Tokenizer, max_model_len: int, request_timeout_s: float = 0.0
@@ -78,7 +79,9 @@ class OpenAIServing:
         self.request_timeout_s = request_timeout_s
 
     def model_cards(self) -> list[dict[str, Any]]:
-        """Entries for `GET /v1/models`."""
+        """Entries for `GET /v1/models` (none while unloaded)."""
+        if self.unloaded:
+            return []
         card: dict[str, Any] = {"id": self.model_name, "object": "model", "created": self.created}
         card.update({"owned_by": "headroom", "max_model_len": self.max_model_len})
         if self.weight_format:
@@ -159,6 +162,9 @@ class OpenAIServing:
         return min(sizes) if sizes else None
 
     def _ready(self) -> Tokenizer:
+        if self.unloaded:
+            raise ModelNotFound(f"model {self.model_name!r} is unloaded; load it through the repository API "
+                                f"(POST /v2/repository/models/{self.model_name}/load)")
         if self.engine is None or self.tokenizer is None or not self.engine.healthy:
             raise NotReady(f"model {self.model_name!r} is loading or stopped; retry shortly")
         return self.tokenizer

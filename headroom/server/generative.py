@@ -1,7 +1,9 @@
 """The generative (`backend: llm`) models a server runs on its LLM engine, as the V2 routes see them.
 
-They have no tensor slot in the data plane: their metadata, readiness and Triton config come from here, and
-their requests go to `/v2/models/{m}/generate[_stream]` and the OpenAI routes.
+They have no tensor slot in the data plane: their metadata, readiness, statistics and Triton config come from
+here, and their requests go to `/v2/models/{m}/generate[_stream]`, gRPC ModelInfer / ModelStreamInfer and the
+OpenAI routes. The repository API and the poller reload (a new engine is loaded, then the old one drains) and
+unload them through here.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from headroom.server.statistics import LLMStatistics
 
 
 class GenerativeModels:
-    """Name -> (config, engine); an engine is anything with `ready() -> bool` (the LLM service)."""
+    """Name -> (config, engine); an engine is the LLM service (`model_ready()`, `reload(config)`, `unload()`,
+    `serving.unloaded`)."""
 
     def __init__(self) -> None:
         self._models: dict[str, tuple[ModelConfig, Any]] = {}
@@ -45,7 +48,20 @@ class GenerativeModels:
     def ready(self, name: str) -> bool | None:
         """Whether `name`'s engine is ready; None when `name` is not a generative model."""
         entry = self._models.get(name)
-        return None if entry is None else bool(entry[1].ready())
+        return None if entry is None else bool(entry[1].model_ready())
+
+    def unloaded(self, name: str) -> bool:
+        return bool(self.engine(name).serving.unloaded)
+
+    async def reload(self, config: ModelConfig, drain_timeout_s: float = 30.0) -> None:
+        """Serve `config` for its (known) LLM: load the new engine, switch, drain and stop the old one."""
+        engine = self.engine(config.name)
+        await engine.reload(config, drain_timeout_s)
+        self._models[config.name] = (config, engine)
+
+    async def unload(self, name: str, drain_timeout_s: float = 30.0) -> None:
+        """Stop serving `name` (404 from now on); in-flight requests finish first."""
+        await self.engine(name).unload(drain_timeout_s)
 
     def engine(self, name: str) -> Any:
         """The engine serving `name`; ModelNotFound when there is none."""
