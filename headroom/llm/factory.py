@@ -80,8 +80,12 @@ class LLMService:
             t0 = time.monotonic()
             ids = engine.tokenizer.encode("Hello")
             params = SamplingParams(temperature=0.0, max_tokens=self.warmup_tokens, ignore_eos=True)
-            async for _ in await running.generate("warmup", ids, params):
-                pass
+            try:
+                async for _ in await running.generate("warmup", ids, params):
+                    pass
+            except BaseException:  # this engine never serves: its thread must not outlive the failed load
+                await running.stop()
+                raise
             stages["warmup"] = time.monotonic() - t0
         stages["total"] = time.monotonic() - start
         self.load_report, self.cold_start_s = report, stages
@@ -153,11 +157,13 @@ async def _drain_and_stop(engine: AsyncLLMEngine, drain_timeout_s: float) -> Non
     """Wait (bounded) until `engine` has no request left, then stop its thread (what is left ends NotReady)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + drain_timeout_s
-    while not engine.idle() and loop.time() < deadline:
-        await asyncio.sleep(0.01)
-    if not engine.idle():
-        log.warning("LLM reload: requests still running after %.1f s are ended", drain_timeout_s)
-    await engine.stop()
+    try:
+        while not engine.idle() and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        if not engine.idle():
+            log.warning("LLM reload: requests still running after %.1f s are ended", drain_timeout_s)
+    finally:  # also when the server stops mid-drain: the old engine's thread ends with it
+        await engine.stop()
 
 
 def build_llm_service(config: ModelConfig, registry: CollectorRegistry,

@@ -262,7 +262,7 @@ class DataPlane:
         if name in self.generative and name not in self._slots:
             return [self.generative.stats(name, version)]
         slots = [self._slot(name, version)] if name else [s for v in self._slots.values() for s in v.values()]
-        return [*([] if name else [self.generative.stats(n) for n in self.generative.names()]), *[{
+        return [*([] if name else [self.generative.stats(n) for n in self.generative.loaded_names()]), *[{
             **slot.observer.stats.to_json(slot.served.name, slot.served.version),
             "queue_depth": slot.batcher.admitted,
             "cold_start": [{"stage": s.name, "seconds": s.duration_s} for s in slot.served.cold_start],

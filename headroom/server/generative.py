@@ -28,8 +28,9 @@ class GenerativeModels:
         self._models[config.name] = (config, engine)
         return self._stats.setdefault(config.name, LLMStatistics())
 
-    def names(self) -> list[str]:
-        return sorted(self._models)
+    def loaded_names(self) -> list[str]:
+        """The generative models serving now (not unloaded)."""
+        return sorted(name for name, (_, engine) in self._models.items() if not engine.serving.unloaded)
 
     def stats(self, name: str, version: str = "") -> dict[str, object]:
         """`name`'s statistics in Triton's schema (the version is "": an LLM has none)."""
@@ -40,10 +41,15 @@ class GenerativeModels:
         return name in self._models
 
     def config(self, name: str, version: str = "") -> ModelConfig:
-        """The model's config; a generative model has no versions, so naming one is a 404."""
+        """The model's config; a generative model has no versions, so naming one is a 404, and so is an
+        unloaded one (as a tensor model's, Triton's answer for a model that is not loaded)."""
         if version:
             raise ModelNotFound(f"Request for unknown model: '{name}' version {version} is not found")
-        return self._models[name][0]
+        config, engine = self._models[name]
+        if engine.serving.unloaded:
+            raise ModelNotFound(f"Request for unknown model: '{name}' is unloaded; load it through the repository "
+                                f"API (POST /v2/repository/models/{name}/load)")
+        return config
 
     def ready(self, name: str) -> bool | None:
         """Whether `name`'s engine is ready; None when `name` is not a generative model."""

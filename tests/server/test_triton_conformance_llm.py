@@ -79,6 +79,9 @@ def h_trace(c: th.InferenceServerClient, srv: RunningServer) -> None:
 def h_control(c: th.InferenceServerClient, srv: RunningServer) -> None:
     c.unload_model("smollm2")
     assert not c.is_model_ready("smollm2") and c.is_server_ready()
+    with pytest.raises(InferenceServerException, match="unloaded"):
+        c.get_model_config("smollm2")
+    assert "smollm2" not in {row["name"] for row in c.get_inference_statistics()["model_stats"]}
     assert httpx.post(srv.url + "/v2/models/smollm2/generate", json={"text_input": "hi"}).status_code == 404
     c.load_model("smollm2")
     assert c.is_model_ready("smollm2") and _generated(srv)
@@ -142,9 +145,11 @@ def g_trace(c: tg.InferenceServerClient, srv: RunningServer) -> None:
 
 def g_control(c: tg.InferenceServerClient, srv: RunningServer) -> None:
     c.unload_model("smollm2")
-    assert not c.is_model_ready("smollm2") and c.is_server_ready()
-    with pytest.raises(InferenceServerException, match="unloaded"):
-        c.infer("smollm2", _prompt(tg), parameters=GREEDY)
+    assert c.is_server_ready()
+    for call in (lambda: c.is_model_ready("smollm2"), lambda: c.get_model_metadata("smollm2"),
+                 lambda: c.infer("smollm2", _prompt(tg), parameters=GREEDY)):
+        with pytest.raises(InferenceServerException, match="unloaded"):  # as an unloaded tensor model
+            call()
     c.load_model("smollm2")
     assert c.is_model_ready("smollm2")
 
