@@ -62,6 +62,7 @@ class AsyncLLMEngine:
         self._error: BaseException | None = None
         self._closed = False  # set by the engine thread as it exits: no command is taken after that
         self._lock = threading.Lock()  # orders `_closed` against putting an "add" command
+        self._unhandled = 0  # "add" commands put and not yet handled by the engine thread (under _lock)
         self._ids = itertools.count()
 
     # --- lifecycle --------------------------------------------------------------------------------------
@@ -110,12 +111,18 @@ class AsyncLLMEngine:
                 raise NotReady(f"the LLM engine is not running ({self._error or 'stopped'})")
             self._commands.put(_Add(request_id, tuple(prompt_token_ids), params, priority, cache_key, stream,
                                     admitted, loop))
+            self._unhandled += 1
         try:
             await admitted
         except asyncio.CancelledError:
             self._commands.put(_Abort(request_id))
             raise
         return _OutputStream(self._commands, request_id, params.n, stream)
+
+    def idle(self) -> bool:
+        """No request is queued for or running in the engine (a reload drains the old engine until idle)."""
+        with self._lock:
+            return self._unhandled == 0 and not self._streams
 
     async def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
@@ -126,6 +133,13 @@ class AsyncLLMEngine:
             self._deliver_all(self.engine.abort(cmd.request_id))
             self._streams.pop(cmd.request_id, None)
             return
+        try:
+            self._add(cmd)
+        finally:
+            with self._lock:
+                self._unhandled -= 1
+
+    def _add(self, cmd: _Add) -> None:
         try:
             self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, cmd.priority, cmd.cache_key)
         except Exception as exc:  # admission errors go back to the caller

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from headroom.core.errors import InvalidRequest
 from headroom.core.lifecycle import ServingLifecycle
 from headroom.llm.async_engine import AsyncLLMEngine
 from headroom.llm.config import EngineConfig
@@ -32,19 +33,14 @@ log = logging.getLogger("headroom.llm")
 
 
 class LLMService:
-    """Loads the model off the event loop, runs the engine, serves OpenAI requests."""
+    """Loads the model off the event loop, runs the engine, serves OpenAI requests; reloads and unloads it."""
 
     def __init__(self, config: ModelConfig, registry: CollectorRegistry,
                  lifecycle: ServingLifecycle | None = None) -> None:
         if config.backend != "llm":
             raise ValueError(f"model {config.name!r}: build_llm_service needs backend: llm, not {config.backend!r}")
-        params = dict(config.parameters)
-        self.model_spec = str(params.get("model") or params.get("gguf") or DEFAULT_MODEL)
-        self.engine_config = EngineConfig.from_parameters(params)
-        cache = params.get("cache_dir")
-        self.cache_root = Path(str(cache)).expanduser() / "llm" if cache else None
-        self.warmup_tokens = int(params.get("warmup_tokens", 2))
-        self.name = str(params.get("served_model_name") or config.name)
+        self._configure(config)
+        self.name = str(config.parameters.get("served_model_name") or config.name)
         self.metrics = LLMMetrics(registry, self.name)
         self.lifecycle = lifecycle or ServingLifecycle()  # admission, drain and health shared with tensor models
         self.serving = OpenAIServing(self.name, max_model_len=self.engine_config.max_model_len,
@@ -53,14 +49,21 @@ class LLMService:
         self.load_report: LoadReport | None = None
         self.cold_start_s: dict[str, float] = {}
 
-    async def start(self) -> None:
-        """Load (first time: convert the GGUF), start the engine thread, warm up; then ready() is True."""
+    def _configure(self, config: ModelConfig) -> None:
+        params = dict(config.parameters)
+        self.config = config
+        self.model_spec = str(params.get("model") or params.get("gguf") or DEFAULT_MODEL)
+        self.engine_config = EngineConfig.from_parameters(params)
+        cache = params.get("cache_dir")
+        self.cache_root = Path(str(cache)).expanduser() / "llm" if cache else None
+        self.warmup_tokens = int(params.get("warmup_tokens", 2))
+
+    async def _load(self) -> AsyncLLMEngine:
+        """Load (first time: convert the GGUF), start an engine thread and warm it up; not attached yet."""
         start = time.monotonic()
         engine, report = await asyncio.to_thread(
             load_engine, self.model_spec, self.engine_config, self.cache_root, None, self.metrics
         )
-        self.load_report = report
-        self.serving.weight_format = report.weight_format
         log.info("%s: %s weights%s", self.name, report.weight_format, f"; {report.quality}" if report.quality else "")
         if engine.tokenizer is None:
             raise ValueError(f"{self.model_spec}: no tokenizer found; the OpenAI API needs one")
@@ -70,32 +73,97 @@ class LLMService:
             with contextlib.suppress(RuntimeError):  # the loop already closed: the process is going anyway
                 loop.call_soon_threadsafe(self.lifecycle.report_fatal, f"the LLM engine of '{self.name}'", exc)
 
-        self.engine = AsyncLLMEngine(engine, on_fatal)
-        self.engine.start()
+        running = AsyncLLMEngine(engine, on_fatal)
+        running.start()
         stages = dict(report.stages_s)
         if self.warmup_tokens > 0:
             t0 = time.monotonic()
             ids = engine.tokenizer.encode("Hello")
             params = SamplingParams(temperature=0.0, max_tokens=self.warmup_tokens, ignore_eos=True)
-            async for _ in await self.engine.generate("warmup", ids, params):
-                pass
+            try:
+                async for _ in await running.generate("warmup", ids, params):
+                    pass
+            except BaseException:  # this engine never serves: its thread must not outlive the failed load
+                await running.stop()
+                raise
             stages["warmup"] = time.monotonic() - t0
         stages["total"] = time.monotonic() - start
-        self.cold_start_s = stages
+        self.load_report, self.cold_start_s = report, stages
         self.metrics.set_cold_start(stages)
-        self.serving.attach(self.engine, engine.tokenizer, engine.max_model_len, self.engine_config.request_timeout_s)
+        return running
+
+    def _attach(self, running: AsyncLLMEngine) -> None:
+        tokenizer = running.engine.tokenizer
+        if tokenizer is None:
+            raise ValueError(f"{self.model_spec}: no tokenizer found; the OpenAI API needs one")
+        self.engine = running
+        self.serving.weight_format = self.load_report.weight_format if self.load_report else ""
+        self.serving.attach(running, tokenizer, running.engine.max_model_len,
+                            self.engine_config.request_timeout_s)
+        self.serving.unloaded = False
+
+    async def start(self) -> None:
+        """Load, start the engine thread, warm up; then ready() is True."""
+        self._attach(await self._load())
+
+    async def reload(self, config: ModelConfig, drain_timeout_s: float = 30.0) -> None:
+        """Serve `config` (a changed config.yaml, or a load after an unload): the new engine is loaded and
+        warmed while the old one serves, new requests then go to it, and the old engine is stopped once its
+        in-flight requests finished (at most `drain_timeout_s`). If loading fails the old engine keeps serving."""
+        name = str(config.parameters.get("served_model_name") or config.name)
+        if name != self.name:
+            raise InvalidRequest(f"an LLM's served_model_name cannot change on reload ({self.name!r} -> {name!r}); "
+                                 "restart the server")
+        previous = self.config
+        self._configure(config)
+        try:
+            running = await self._load()
+        except Exception:
+            self._configure(previous)
+            raise
+        old = self.engine
+        self._attach(running)
+        if old is not None:
+            await _drain_and_stop(old, drain_timeout_s)
+
+    async def unload(self, drain_timeout_s: float = 30.0) -> None:
+        """Stop serving: new requests get 404, in-flight ones finish (at most `drain_timeout_s`), then the
+        engine stops. `reload` serves it again."""
+        self.serving.unloaded = True
+        old, self.engine = self.engine, None
+        if old is not None:
+            await _drain_and_stop(old, drain_timeout_s)
+        self.serving.engine = None
 
     async def stop(self) -> None:
         if self.engine is not None:
             await self.engine.stop()
         self.serving.engine = None
 
-    def ready(self) -> bool:
+    def model_ready(self) -> bool:
+        """This model serves requests (loaded, engine running)."""
         return self.engine is not None and self.engine.healthy and self.serving.engine is not None
+
+    def ready(self) -> bool:
+        """The server's readiness check: ready, or deliberately unloaded (it does not hold the server back)."""
+        return self.serving.unloaded or self.model_ready()
 
     def alive(self) -> bool:
         """False once the engine's step loop died."""
         return self.engine is None or self.engine.alive()
+
+
+async def _drain_and_stop(engine: AsyncLLMEngine, drain_timeout_s: float) -> None:
+    """Wait (bounded) until `engine` has no request left, then stop its thread (what is left ends NotReady)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + drain_timeout_s
+    try:
+        while not engine.idle() and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        if not engine.idle():
+            log.warning("LLM reload: requests still running after %.1f s are ended", drain_timeout_s)
+    finally:  # also when the server stops mid-drain: the old engine's thread ends with it
+        await engine.stop()
 
 
 def build_llm_service(config: ModelConfig, registry: CollectorRegistry,

@@ -12,7 +12,7 @@ with the completion route's status (and Retry-After).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -55,14 +55,16 @@ def _error(status: int, message: str, headers: Mapping[str, str] | None = None) 
     return JSONResponse({"error": message}, status_code=status, headers=dict(headers or {}))
 
 
-def _message(body: Mapping[str, Any] | None) -> str:
+def result_message(body: Mapping[str, Any] | None) -> str:
+    """The error message of an OpenAI error body."""
     err = (body or {}).get("error")
     return str(err.get("message", err)) if isinstance(err, Mapping) else str(err)
 
 
-async def _events(model: str, chunks: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Completion SSE chunks -> Triton generate_stream events (`data: {"text_output": ...}`; no [DONE]).
-    Closing this generator closes the completion stream (which aborts the request in the engine)."""
+async def generate_events(model: str, chunks: AsyncIterator[str]) -> AsyncGenerator[dict[str, Any], None]:
+    """Completion SSE chunks -> Triton generate events (`{"model_name", "model_version", "text_output"[,
+    "finish_reason"]}` or `{"error": message}`). Closing this generator closes the completion stream (which
+    aborts the request in the engine). Shared by `generate_stream` and gRPC `ModelStreamInfer`."""
     try:
         async for chunk in chunks:
             data = chunk.removeprefix("data: ").strip()
@@ -70,17 +72,27 @@ async def _events(model: str, chunks: AsyncIterator[str]) -> AsyncIterator[str]:
                 continue
             doc = json.loads(data)
             if "error" in doc:
-                yield f"data: {json.dumps({'error': _message(doc)})}\n\n"
+                yield {"error": result_message(doc)}
                 continue
             for choice in doc.get("choices", ()):
                 event = {"model_name": model, "model_version": "", "text_output": choice.get("text", "")}
                 if choice.get("finish_reason"):
                     event["finish_reason"] = choice["finish_reason"]
-                yield f"data: {json.dumps(event)}\n\n"
+                yield event
     finally:
         aclose = getattr(chunks, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+async def _events(model: str, chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    """`generate_events` as server-sent events (`data: {...}`; no [DONE])."""
+    events = generate_events(model, chunks)
+    try:
+        async for event in events:
+            yield f"data: {json.dumps(event)}\n\n"
+    finally:
+        await events.aclose()
 
 
 class GenerateRoutes:
@@ -90,7 +102,12 @@ class GenerateRoutes:
         self._servings = dict(servings)
         self._is_tensor_model = is_tensor_model  # name -> bool: a tensor model gets a 400 pointing at /infer
 
-    def _serving(self, name: str, version: str) -> OpenAIServing:
+    def serves(self, name: str) -> bool:
+        """Whether `name` is one of these LLMs."""
+        return name in self._servings
+
+    def serving(self, name: str, version: str = "") -> OpenAIServing:
+        """The LLM `name` (ModelNotFound for another name or any version; a tensor model gets a 400)."""
         serving = self._servings.get(name)
         if serving is None:
             if self._is_tensor_model is not None and self._is_tensor_model(name):
@@ -103,7 +120,7 @@ class GenerateRoutes:
     async def _handle(self, request: Request, stream: bool) -> Response:
         p = request.path_params
         try:
-            serving = self._serving(p["model"], p.get("version", ""))
+            serving = self.serving(p["model"], p.get("version", ""))
             try:
                 body = json.loads(await request.body())
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -118,7 +135,7 @@ class GenerateRoutes:
 
         result: ServingResponse = await serving.create_completion(completion, on_usage)
         if result.status != 200:
-            return _error(result.status, _message(result.body), result.headers)
+            return _error(result.status, result_message(result.body), result.headers)
         if result.stream is not None:
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **result.headers}
             return ClosingStreamingResponse(_events(serving.model_name, result.stream),
@@ -141,4 +158,4 @@ class GenerateRoutes:
         return out
 
 
-__all__ = ["GENERATE_KEYS", "GenerateRoutes", "completion_body"]
+__all__ = ["GENERATE_KEYS", "GenerateRoutes", "completion_body", "generate_events", "result_message"]

@@ -1,16 +1,40 @@
 """One OpenAI request's accounting: the latest output of each choice, its `usage` body, and its one `LLMUsage`
-report to the gateway (token refunds, stage spans, the access log)."""
+report to the gateway (token refunds, stage spans, the access log) and to the serving's `RequestObserver`
+(the Triton statistics)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from headroom.gateway.usage import LLMUsage
 from headroom.llm.request import FinishReason, SequenceOutput, merge_timelines
 
 UsageCallback = Callable[[LLMUsage], None]
+
+
+class RequestObserver(Protocol):
+    """Sees how every request ends (the server's Triton statistics for the LLM)."""
+
+    def on_usage(self, usage: LLMUsage) -> None:
+        """An admitted generation ended (its report; `finish_reason` "error" / "abort" when it did not finish)."""
+
+    def on_refused(self, duration_s: float) -> None:
+        """A request was refused before generating (bad input, queue full, not ready)."""
+
+
+def observed(observer: RequestObserver | None, on_usage: UsageCallback | None) -> UsageCallback | None:
+    """`on_usage`, and `observer`'s too."""
+    if observer is None:
+        return on_usage
+
+    def both(usage: LLMUsage) -> None:
+        observer.on_usage(usage)
+        if on_usage is not None:
+            on_usage(usage)
+
+    return both
 
 
 class Tally:

@@ -46,7 +46,7 @@ from headroom.llm.openai_protocol import (
     from_exception,
     sse,
 )
-from headroom.llm.openai_usage import Tally, UsageCallback, usage_body
+from headroom.llm.openai_usage import RequestObserver, Tally, UsageCallback, observed, usage_body
 from headroom.llm.request import SamplingParams, SequenceOutput, TokenLogprob
 from headroom.llm.tokenizer import Tokenizer
 from headroom.llm.validation import FieldError, Kind, check_body, logit_bias, token_ids
@@ -68,6 +68,8 @@ class OpenAIServing:
         self.created = int(time.time())
         self.request_timeout_s = 0.0  # 0 = no deadline
         self.weight_format = ""  # what the model runs on, e.g. "gguf:Q4_1+Q8_0" or "fp32" ("" = not loaded yet)
+        self.observer: RequestObserver | None = None  # sees every request's outcome (statistics)
+        self.unloaded = False  # unloaded through the repository API (or its directory removed): 404
 
     def attach(
         self, engine: AsyncLLMEngine, tokenizer: Tokenizer, max_model_len: int, request_timeout_s: float = 0.0
@@ -77,7 +79,9 @@ class OpenAIServing:
         self.request_timeout_s = request_timeout_s
 
     def model_cards(self) -> list[dict[str, Any]]:
-        """Entries for `GET /v1/models`."""
+        """Entries for `GET /v1/models` (none while unloaded)."""
+        if self.unloaded:
+            return []
         card: dict[str, Any] = {"id": self.model_name, "object": "model", "created": self.created}
         card.update({"owned_by": "headroom", "max_model_len": self.max_model_len})
         if self.weight_format:
@@ -92,6 +96,7 @@ class OpenAIServing:
         """`on_usage` gets one `LLMUsage` when a generation that was admitted ends (never for refusals);
         `tenant` scopes the prefix cache."""
         started_s = time.monotonic()
+        tally: Tally | None = None
         try:
             req = self._parse(body, "chat", ChatRequest)
             tok = self._ready()
@@ -100,13 +105,13 @@ class OpenAIServing:
             max_tokens = req.max_completion_tokens or req.max_tokens
             top = req.top_logprobs if req.logprobs else None
             params = self._params(req, prompt_ids, max_tokens, (top or 0) if req.logprobs else None)
-            tally = Tally(started_s, len(prompt_ids), on_usage)
+            tally = Tally(started_s, len(prompt_ids), observed(self.observer, on_usage))
             return await self._run("chat", req, prompt_ids, params, tally, tenant)
         except (ValidationError, HeadroomError) as exc:
-            return from_exception(exc)
+            return self._refused(started_s, tally, exc)
         except Exception as exc:  # e.g. the tokenizer or chat template failed on this input: 500, this one only
             log.exception("request to %s failed", self.model_name)
-            return from_exception(exc)
+            return self._refused(started_s, tally, exc)
 
     @admitted
     async def create_completion(
@@ -114,6 +119,7 @@ class OpenAIServing:
     ) -> ServingResponse:
         """As `create_chat_completion`, for a plain prompt."""
         started_s = time.monotonic()
+        tally: Tally | None = None
         try:
             req = self._parse(body, "completion", CompletionRequest)
             tok = self._ready()
@@ -127,15 +133,21 @@ class OpenAIServing:
             else:
                 prompt_ids = list(token_ids(prompt, "prompt", self._vocab_size()))
             params = self._params(req, prompt_ids, req.max_tokens, req.logprobs)
-            tally = Tally(started_s, len(prompt_ids), on_usage)
+            tally = Tally(started_s, len(prompt_ids), observed(self.observer, on_usage))
             return await self._run("text", req, prompt_ids, params, tally, tenant)
         except (ValidationError, HeadroomError) as exc:
-            return from_exception(exc)
+            return self._refused(started_s, tally, exc)
         except Exception as exc:  # e.g. the tokenizer or chat template failed on this input: 500, this one only
             log.exception("request to %s failed", self.model_name)
-            return from_exception(exc)
+            return self._refused(started_s, tally, exc)
 
     # --- internals --------------------------------------------------------------------------------------
+    def _refused(self, started_s: float, tally: Tally | None, exc: Exception) -> ServingResponse:
+        """The error response; the observer counts the failure unless the generation already reported it."""
+        if self.observer is not None and (tally is None or tally.usage is None):
+            self.observer.on_refused(time.monotonic() - started_s)
+        return from_exception(exc)
+
     def _parse(self, body: Any, kind: Kind, model: type[_R]) -> _R:
         """`body` checked field by field (headroom.llm.validation), then typed."""
         if not isinstance(body, dict):
@@ -150,6 +162,9 @@ class OpenAIServing:
         return min(sizes) if sizes else None
 
     def _ready(self) -> Tokenizer:
+        if self.unloaded:
+            raise ModelNotFound(f"model {self.model_name!r} is unloaded; load it through the repository API "
+                                f"(POST /v2/repository/models/{self.model_name}/load)")
         if self.engine is None or self.tokenizer is None or not self.engine.healthy:
             raise NotReady(f"model {self.model_name!r} is loading or stopped; retry shortly")
         return self.tokenizer

@@ -1,13 +1,14 @@
 """`inference.GRPCInferenceService` on grpc.aio, a thin shell over an InferenceDataPlane.
 
 Implemented here: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer and
-ModelStreamInfer (protocol/grpc_stream.py); the composition root adds Triton's admin RPCs (model config,
-statistics, repository, shared memory, trace and log settings: server/grpc_admin.py) as `admin` servicers.
-An RPC no servicer implements answers UNIMPLEMENTED naming the RPC. Errors map through `HeadroomError.grpc_code`; an
-unexpected exception is logged and answered INTERNAL. When the client cancels (or its deadline passes) the
-data plane's `disconnected` watcher resolves (the data plane runs in its own task, shielded from grpc's
-cancellation of the handler), so a queued request is dropped; `cancel_grace_s` later it is cancelled
-outright. The stage breakdown goes back as trailing metadata `server-timing` (same format as HTTP).
+ModelStreamInfer (protocol/grpc_stream.py), which hand LLM requests to `generative` (llm/grpc_generate.py);
+the composition root adds Triton's admin RPCs (model config, statistics, repository, shared memory, trace and
+log settings: server/grpc_admin.py) as `admin` servicers. An RPC no servicer implements answers UNIMPLEMENTED
+naming the RPC. Errors map through `HeadroomError.grpc_code`; an unexpected exception is logged and answered
+INTERNAL. When the client cancels (or its deadline passes) the data plane's `disconnected` watcher resolves
+(the data plane runs in its own task, shielded from grpc's cancellation of the handler), so a queued request
+is dropped; `cancel_grace_s` later it is cancelled outright. The stage breakdown goes back as trailing
+metadata `server-timing` (same format as HTTP).
 
 Composition root usage::
 
@@ -23,7 +24,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf import message_factory
@@ -46,6 +47,16 @@ log = logging.getLogger(__name__)
 LabelLookup = Callable[[str, str], Labels | None]
 #: (model name, model version) -> the model's config (inputs are checked against it while decoding), or None.
 ConfigLookup = Callable[[str, str], ModelConfig | None]
+
+
+class GenerativeInfer(Protocol):
+    """The LLMs on ModelInfer / ModelStreamInfer (headroom.llm.grpc_generate.GrpcGenerate)."""
+
+    def serves(self, name: str) -> bool: ...
+
+    async def infer(self, message: pb.ModelInferRequest, request_id: str) -> pb.ModelInferResponse: ...
+
+    def stream(self, message: pb.ModelInferRequest, request_id: str) -> AsyncIterator[pb.ModelInferResponse]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +126,9 @@ class InferenceServicer:
         new_request_id: Callable[[], str] = _new_request_id,
         cancel_grace_s: float = DEFAULT_CANCEL_GRACE_S,
         configs: ConfigLookup | None = None,
+        generative: GenerativeInfer | None = None,
     ) -> None:
+        self._generative = generative  # the LLMs: Triton's text_input / text_output convention
         self._dataplane = dataplane
         self._configs = configs
         self._cancel_grace_s = cancel_grace_s
@@ -146,7 +159,13 @@ class InferenceServicer:
             outputs=[tensor(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in meta.outputs],
         )
 
+    def _llm(self, request: pb.ModelInferRequest) -> GenerativeInfer | None:
+        llm = self._generative
+        return llm if llm is not None and llm.serves(request.model_name) else None
+
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        if (llm := self._llm(request)) is not None:
+            return await llm.infer(request, self._new_request_id())
         message, timings = await self._infer(request, context)
         context.set_trailing_metadata((("server-timing", timings),))
         return message
@@ -163,7 +182,11 @@ class InferenceServicer:
 
     async def ModelStreamInfer(self, requests: AsyncIterator[pb.ModelInferRequest],
                                context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        async for message in stream_infer(self._infer_message, requests, context):  # grpc.aio: an async gen
+        def many(request: pb.ModelInferRequest, ctx: Any) -> AsyncIterator[pb.ModelInferResponse] | None:
+            llm = self._llm(request)
+            return None if llm is None else llm.stream(request, self._new_request_id())
+
+        async for message in stream_infer(self._infer_message, requests, context, many=many):  # an async gen
             yield message
 
 
@@ -236,12 +259,13 @@ async def bind_grpc_server(
     credentials: Any = None,
     admin: Sequence[object] = (),
     configs: ConfigLookup | None = None,
+    generative: GenerativeInfer | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Create, bind and start the server; returns it with the bound port (useful with `port=0`).
 
     `interceptors` (e.g. the gateway's auth/rate-limit interceptor) run before every RPC; `credentials`
     (grpc.ssl_server_credentials) turn on TLS; `admin` servicers add RPCs (server/grpc_admin.py); `configs` lets
-    ModelInfer check inputs while decoding.
+    ModelInfer check inputs while decoding; `generative` serves the LLMs on ModelInfer / ModelStreamInfer.
     """
     cfg = config or GrpcServerConfig()
     options = [
@@ -251,8 +275,8 @@ async def bind_grpc_server(
     ]
     server = grpc.aio.server(options=options, interceptors=list(interceptors))
     server.add_generic_rpc_handlers(
-        (service_handler(InferenceServicer(dataplane, labels, cancel_grace_s=cfg.cancel_grace_s, configs=configs),
-                         admin),)
+        (service_handler(InferenceServicer(dataplane, labels, cancel_grace_s=cfg.cancel_grace_s, configs=configs,
+                                           generative=generative), admin),)
     )
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:

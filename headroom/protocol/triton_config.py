@@ -3,7 +3,8 @@
 `triton_model_config(cfg)` is what `GET /v2/models/{m}/config` and gRPC `ModelConfig` return (Triton's JSON
 config: `name`, `platform`, `backend`, `max_batch_size`, `input`/`output` with `data_type: TYPE_FP32` and
 `dims`, `dynamic_batching {preferred_batch_size, max_queue_delay_microseconds, default_queue_policy}`,
-`instance_group`, `version_policy`, `parameters`). Unit conversions are exact: milliseconds ×1000.
+`instance_group`, `version_policy`, `parameters`; an LLM is `decoupled` with its optional ModelInfer inputs).
+Unit conversions are exact: milliseconds ×1000.
 
 `apply_config_override(cfg, override)` is the `config` parameter of a repository load. Triton's override is
 a whole config; here each top-level key is either one headroom can apply (`max_batch_size`,
@@ -34,6 +35,15 @@ TRITON_TYPES: Mapping[str, str] = {
 }
 
 
+#: the LLM's optional inputs on ModelInfer (headroom.llm.grpc_generate), besides `text_input`.
+LLM_OPTIONAL_INPUTS = (("sampling_parameters", "BYTES"), ("stream", "BOOL"), ("max_tokens", "INT32"))
+
+
+def _tensor_input(name: str, datatype: str, dims: list[int], optional: bool) -> dict[str, Any]:
+    return {"name": name, "data_type": TRITON_TYPES[datatype], "format": "FORMAT_NONE", "dims": dims,
+            "is_shape_tensor": False, "allow_ragged_batch": False, "optional": optional}
+
+
 def _parameter(value: object) -> dict[str, str]:
     text = value if isinstance(value, str) else ",".join(map(str, value)) if isinstance(value, list | tuple) else (
         str(value).lower() if isinstance(value, bool) else str(value))
@@ -57,9 +67,7 @@ def triton_model_config(cfg: ModelConfig) -> dict[str, Any]:
         "backend": cfg.backend,
         "version_policy": _version_policy(cfg.version_policy),
         "max_batch_size": cfg.max_batch_size,
-        "input": [{"name": t.name, "data_type": TRITON_TYPES[t.datatype], "format": "FORMAT_NONE",
-                   "dims": list(t.shape), "is_shape_tensor": False, "allow_ragged_batch": False,
-                   "optional": False} for t in cfg.inputs],
+        "input": [_tensor_input(t.name, t.datatype, list(t.shape), False) for t in cfg.inputs],
         "output": [{"name": t.name, "data_type": TRITON_TYPES[t.datatype], "dims": list(t.shape),
                     "label_filename": "", "is_shape_tensor": False} for t in cfg.outputs],
         "instance_group": [{"name": f"{cfg.name}_0", "kind": "KIND_CPU", "count": cfg.instances, "gpus": [],
@@ -67,6 +75,10 @@ def triton_model_config(cfg: ModelConfig) -> dict[str, Any]:
         "parameters": {k: _parameter(v) for k, v in sorted(cfg.parameters.items())},
         "model_warmup": [],
     }
+    if cfg.backend == "llm":  # streamed as Triton's decoupled models (one response per token chunk)
+        out["model_transaction_policy"] = {"decoupled": True}
+        out["input"] += [_tensor_input(name, datatype, [1], True) for name, datatype in LLM_OPTIONAL_INPUTS
+                         if all(t.name != name for t in cfg.inputs)]
     if cfg.max_batch_size > 0:
         out["dynamic_batching"] = {
             "preferred_batch_size": list(b.preferred_batch_sizes),

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,16 @@ class _UvicornServer(uvicorn.Server):
         yield
 
 
+class _ModelCards:
+    """The LLMs' `/v1/models` entries, read when listed (weights known once loaded; none while unloaded)."""
+
+    def __init__(self, servings: list[Any]) -> None:
+        self._servings = servings
+
+    def __iter__(self) -> Iterator[object]:
+        return iter([card for serving in self._servings for card in serving.model_cards()])
+
+
 class Server:
     """One headroom process: transports, data plane, models. `await run()` until stopped."""
 
@@ -108,6 +118,8 @@ class Server:
         self.registry.register(CascadeCollector(self._served_models))
         self.gc_monitor = GcMonitor(self.registry)
         self._llm_services: list[Any] = []
+        self._llm_grpc: Any = None  # the LLMs on gRPC ModelInfer / ModelStreamInfer (llm/grpc_generate.py)
+        self._llm_start: set[str] = set()  # the LLMs loaded at start (explicit mode: --load-model)
         self._stop = asyncio.Event()
         self._http: _UvicornServer | None = None
         self._grpc: Any = None
@@ -119,33 +131,34 @@ class Server:
         self.exit_code = 0  # 1 once a background loop died: the process must be restarted
 
     # -- wiring ------------------------------------------------------------------------------------------
-    def _llm_routes(self, index_llm: tuple[Any, ...]) -> tuple[list[BaseRoute], list[object]]:
+    def _llm_routes(self, index_llm: tuple[Any, ...]) -> tuple[list[BaseRoute], Iterable[object]]:
         if not index_llm:
             return [], []
         from headroom.llm.factory import build_llm_service
         from headroom.llm.generate import GenerateRoutes
+        from headroom.llm.grpc_generate import GrpcGenerate
         from headroom.llm.http import openai_routes
 
         routes: list[BaseRoute] = []
-        cards: list[object] = []
         servings = {}
         for entry in index_llm:
             service = build_llm_service(entry.config, self.registry, self.lifecycle)
             self._llm_services.append(service)
             self.lifecycle.add_readiness_check(service)
             self.lifecycle.add_liveness_check(service)
-            self.dataplane.generative.add(entry.config, service)
+            service.serving.observer = self.dataplane.generative.add(entry.config, service)
             routes.extend(openai_routes(service.serving))
-            cards.extend(service.serving.model_cards())
             servings[entry.config.name] = service.serving
         generate = GenerateRoutes(servings, lambda name: bool(self.dataplane.loaded_versions(name)))
-        return [*routes, *generate.routes()], cards
+        self._llm_grpc = GrpcGenerate(generate)
+        return [*routes, *generate.routes()], _ModelCards(list(servings.values()))
 
     async def run(self, on_ready: Callable[[Server], None] | None = None) -> None:
         """Start everything, serve until SIGTERM/SIGINT or `stop()`, then drain and shut down."""
         self.gc_monitor.install()
         repo = ModelRepository(self.config.model_repository, self.config.trusted_backends)
         index = repo.scan(self.config.models)
+        all_llm = index.llm_models  # explicit mode: every LLM gets its routes; those not loaded start unloaded
         manager = ModelManager(repo, self.dataplane, self.config.model_control_mode, self.config.models)
         if self.config.model_control_mode == "explicit" and "*" not in self.config.load_models:
             unknown = set(self.config.load_models) - {e.name for e in (*index.models, *index.llm_models)}
@@ -161,7 +174,8 @@ class Server:
             self.lifecycle.add_readiness_check(residency)
         self.dataplane.attach_lifecycle(manager.residency, self.drift)
         self.dataplane.expect(expected)
-        llm_routes, cards = self._llm_routes(index.llm_models)
+        llm_routes, cards = self._llm_routes(all_llm)
+        self._llm_start = {e.name for e in index.llm_models}
         api = HttpApi(self.dataplane, self.registry, self.config.limits, cards, manager,
                       TritonSettings(self.config.trace_spans_file))
         gw = self.config.gateway
@@ -195,7 +209,8 @@ class Server:
             self._grpc, self.grpc_port = await bind_grpc_server(
                 self.dataplane, self.config.host, self.config.grpc_port, labels=self.dataplane.labels,
                 interceptors=[interceptor], credentials=creds,
-                admin=[TritonAdminServicer(api.triton)], configs=self.dataplane.config_of)
+                admin=[TritonAdminServicer(api.triton)], configs=self.dataplane.config_of,
+                generative=self._llm_grpc)
         self._load_task = asyncio.create_task(self._load(repo, index, manager, on_ready), name="model-loader")
         try:
             await self._stop.wait()
@@ -206,7 +221,10 @@ class Server:
                     on_ready: Callable[[Server], None] | None) -> None:
         try:
             for service in self._llm_services:
-                await service.start()
+                if service.config.name in self._llm_start:
+                    await service.start()
+                else:  # explicit mode, not in --load-model: served once loaded through the repository API
+                    service.serving.unloaded = True
             if manager.residency is not None:  # memory budget: pinned first, then others while they fit
                 await manager.residency.start()
             else:
@@ -218,8 +236,7 @@ class Server:
             return
         log.info("ready: models %s", ", ".join(self.dataplane.model_names()))
         if self.config.model_control_mode == "poll":
-            poller = RepositoryPoller(repo.root, manager, self.config.repository_poll_s,
-                                      skip=[e.name for e in index.llm_models], names=self.config.models)
+            poller = RepositoryPoller(repo.root, manager, self.config.repository_poll_s, names=self.config.models)
             self._poll_task = asyncio.create_task(poller.run(), name="repository-poll")
         if self.config.freeze_gc_at_ready:
             self.gc_monitor.freeze_heap()

@@ -149,9 +149,8 @@ class DataPlane:
         return self.lifecycle.inflight
 
     async def stop(self) -> None:
-        for versions in self._slots.values():
-            for slot in versions.values():
-                await slot.batcher.stop()
+        for slot in [s for versions in self._slots.values() for s in versions.values()]:
+            await slot.batcher.stop()
 
     # -- health and metadata -------------------------------------------------------------------------------
     def alive(self) -> bool:
@@ -259,13 +258,15 @@ class DataPlane:
         return not self.lifecycle.draining
 
     def model_stats(self, name: str = "", version: str = "") -> list[dict[str, object]]:
-        """Per-version statistics in Triton's schema (server/statistics.py), + queue_depth and cold_start."""
+        """Per-version statistics in Triton's schema (server/statistics.py; LLMs too), + queue_depth, cold_start."""
+        if name in self.generative and name not in self._slots:
+            return [self.generative.stats(name, version)]
         slots = [self._slot(name, version)] if name else [s for v in self._slots.values() for s in v.values()]
-        return [{
+        return [*([] if name else [self.generative.stats(n) for n in self.generative.loaded_names()]), *[{
             **slot.observer.stats.to_json(slot.served.name, slot.served.version),
             "queue_depth": slot.batcher.admitted,
             "cold_start": [{"stage": s.name, "seconds": s.duration_s} for s in slot.served.cold_start],
-        } for slot in slots]
+        } for slot in slots]]
 
     def queue_depth(self, name: str) -> int:
         return sum(s.batcher.admitted for s in self._slots.get(name, {}).values())

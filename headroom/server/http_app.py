@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -95,7 +95,7 @@ class HttpApi:
     """Route handlers bound to one data plane."""
 
     def __init__(self, dataplane: DataPlane, registry: CollectorRegistry, limits: HttpLimits,
-                 llm_model_cards: Sequence[object] = (), manager: ModelManager | None = None,
+                 llm_model_cards: Iterable[object] = (), manager: ModelManager | None = None,
                  settings: TritonSettings | None = None) -> None:
         self.dp = dataplane
         self.manager = manager

@@ -11,7 +11,9 @@ resident goes through the budget; an unload frees its share (the next request br
 
 Model control follows Triton (`serve --model-control-mode`): `none` (the default) and `poll` refuse load and
 unload with Triton's error; `explicit` allows them. A load may carry Triton's `config` override, applied to
-that load (headroom.protocol.triton_config) or refused naming the key.
+that load (headroom.protocol.triton_config) or refused naming the key. An LLM (`backend: llm`) reloads from its
+config.yaml (a new engine loads while the old one serves, then the old one drains) and unloads after its
+in-flight requests finish (server/generative.py); it takes no config override.
 """
 
 from __future__ import annotations
@@ -110,7 +112,8 @@ class ModelManager:
             elif entry.config.backend == "llm":
                 ready = self._dp.generative.ready(entry.name)
                 state = "READY" if ready else "UNAVAILABLE"
-                reason = "LLM engine" if ready else "LLM engine not ready" if ready is False else "not served"
+                reason = ("LLM engine" if ready else "not served" if ready is None else "unloaded"
+                          if self._dp.generative.unloaded(entry.name) else "LLM engine not ready")
                 rows.append({"name": entry.name, "version": "", "state": state, "reason": reason})
             elif self.residency is not None and self.residency.manages(entry.name) and entry.name not in self._failed:
                 rows.append({"name": entry.name, "version": "", "state": "UNAVAILABLE",
@@ -147,7 +150,7 @@ class ModelManager:
             except ValueError as exc:
                 raise (ModelNotFound if "no model directory" in str(exc) else InvalidRequest)(str(exc)) from None
             if not index.models:
-                raise InvalidRequest(f"model '{name}' is served by the LLM engine and cannot be reloaded here")
+                return await self._reload_llm(name, index, config_override)
             if config_override is not None:
                 entry = index.models[0]
                 config = apply_config_override(entry.config, config_override)
@@ -170,16 +173,36 @@ class ModelManager:
             log.info("loaded %s versions %s", name, [i.version for i in loaded])
             return self._dp.loaded_versions(name)
 
+    async def _reload_llm(self, name: str, index: RepositoryIndex,
+                          config_override: Mapping[str, object] | None) -> list[str]:
+        """(Re)load an LLM the server runs: its engine reloads from the config on disk (the old one drains)."""
+        if config_override is not None:
+            raise InvalidRequest(f"model '{name}' is an LLM: a config override is not supported; edit its "
+                                 "config.yaml and load it again")
+        if name not in self._dp.generative:
+            raise InvalidRequest(f"model '{name}' is an LLM this server did not start with; restart it to serve "
+                                 "a new LLM")
+        try:
+            await self._dp.generative.reload(index.llm_models[0].config)
+        except HeadroomError:
+            raise
+        except Exception as exc:  # a bad config or model file: this load fails, the server and old engine stay
+            raise InvalidRequest(f"loading '{name}' failed; the previous engine keeps serving: {exc}") from None
+        log.info("loaded LLM %s", name)
+        return []
+
     async def unload(self, name: str) -> None:
         """Stop serving `name` (explicit model-control mode only)."""
         self._check_control(name)
-        if self._dp.generative.ready(name) is not None:
-            raise InvalidRequest(f"model '{name}' is served by the LLM engine and cannot be unloaded here")
         await self.remove(name)
 
     async def remove(self, name: str) -> None:
         """`unload` without the model-control check (the repository poller uses it)."""
         async with self._lock:
+            if name in self._dp.generative and not self._dp.loaded_versions(name):
+                await self._dp.generative.unload(name)
+                log.info("unloaded LLM %s", name)
+                return
             for served in await self._dp.remove(name):
                 await asyncio.to_thread(served.model.unload)
             if self.residency is not None:

@@ -3,7 +3,8 @@
 Every `interval_s` the poller fingerprints each model directory (config.yaml and every file under the
 numeric version directories: path, size, mtime) and compares with the last poll (`poll_plan`, pure):
 a new or changed directory is (re)loaded through the model manager, so a failed reload keeps the old
-versions serving; a removed directory is unloaded. Generative (`backend: llm`) models are not reloaded.
+versions serving; a removed directory is unloaded. A generative (`backend: llm`) model reloads the same way
+(its new engine loads while the old one serves; the old one then drains: server/generative.py).
 """
 
 from __future__ import annotations
@@ -65,14 +66,13 @@ def snapshot(root: Path, names: Iterable[str] | None = None) -> dict[str, str]:
 class RepositoryPoller:
     """Runs `poll_plan` every `interval_s` against the repository; `run()` is owned by the server."""
 
-    def __init__(self, root: Path, manager: ModelManager, interval_s: float, skip: Iterable[str] = (),
+    def __init__(self, root: Path, manager: ModelManager, interval_s: float,
                  names: Iterable[str] | None = None) -> None:
         if interval_s <= 0:
             raise ValueError(f"--repository-poll-secs must be > 0, got {interval_s}")
         self._root = root
         self._manager = manager
         self._interval_s = interval_s
-        self._skip = frozenset(skip)  # generative models: served by the LLM engine, never reloaded here
         self._names = tuple(names) if names is not None else None
         self._last: dict[str, str] = {}
 
@@ -84,8 +84,6 @@ class RepositoryPoller:
         current = await asyncio.to_thread(snapshot, self._root, self._names)
         plan = poll_plan(self._last, current)
         for name in plan.load:
-            if name in self._skip:
-                continue
             try:
                 await self._manager.reload(name)
                 log.info("poll: loaded %s", name)

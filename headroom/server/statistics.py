@@ -13,13 +13,22 @@ One `TritonStatistics` per served version, fed by the data plane (per request) a
                     and compute_output there sum the per-request stages of the requests that ran in
                     batches of that size (headroom pre/postprocesses per request, not per batch)
     last_inference  wall-clock milliseconds since the epoch of the last successful request
+
+An LLM (`LLMStatistics`, fed by its OpenAIServing's observer with each request's `LLMUsage`, whatever the
+route: OpenAI, generate, gRPC) maps the engine's per-request timings: queue = admitted -> first scheduled,
+compute_input = parse + tokenize, compute_infer = prefill + decode, compute_output = the rest of the
+request's time (detokenizing, sending). Each finished request counts as one inference and one execution
+(batch size 1: the engine batches per step, not per request, as Triton's decoupled LLM backends report);
+a request refused, failed or aborted (client gone, past its deadline) counts in `fail`.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from headroom.core.types import StageTimings
+from headroom.gateway.usage import LLMUsage
 
 
 @dataclass(slots=True)
@@ -101,4 +110,26 @@ class TritonStatistics:
         }
 
 
-__all__ = ["Duration", "TritonStatistics"]
+class LLMStatistics:
+    """Triton statistics of one LLM: an OpenAIServing `RequestObserver` (headroom.llm.openai_usage)."""
+
+    def __init__(self) -> None:
+        self.stats = TritonStatistics()
+
+    def on_usage(self, usage: LLMUsage) -> None:
+        if usage.finish_reason in ("error", "abort"):
+            self.stats.on_failure(usage.total_ms / 1e3)
+            return
+        compute_ms = usage.prefill_ms + usage.decode_ms
+        rest_ms = usage.total_ms - usage.preprocess_ms - usage.queue_ms - compute_ms
+        timings = StageTimings(queue_ms=usage.queue_ms, batch_wait_ms=usage.queue_ms,
+                               preprocess_ms=usage.preprocess_ms, compute_ms=compute_ms,
+                               postprocess_ms=max(0.0, rest_ms), total_ms=usage.total_ms)
+        self.stats.on_batch(1, compute_ms / 1e3)
+        self.stats.on_success(timings, 1, time.time_ns() // 1_000_000)
+
+    def on_refused(self, duration_s: float) -> None:
+        self.stats.on_failure(duration_s)
+
+
+__all__ = ["Duration", "LLMStatistics", "TritonStatistics"]
