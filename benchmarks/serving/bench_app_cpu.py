@@ -112,7 +112,8 @@ async def measure(requests: int, concurrency: int, path: str, hot_routes: bool =
     cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
     await dataplane.stop()
     n = len(statuses)
-    return {"path": path, "hot_routes": hot_routes, "requests": n, "concurrency": concurrency, "cpu_us_per_request": round(cpu_s / n * 1e6, 1),
+    return {"path": path, "hot_routes": hot_routes, "requests": n, "concurrency": concurrency,
+            "cpu_us_per_request": round(cpu_s / n * 1e6, 1),
             "wall_us_per_request": round(wall_s / n * 1e6, 1), "non_200": sum(s != 200 for s in statuses)}
 
 
