@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from headroom.autoscaler.policy import AutoscalerConfig
+from headroom.core.strict_mapping import from_mapping
 from headroom.models.trust import DEFAULT_TRUSTED
 from headroom.ray_serve.autoscaling import serve_autoscaling
 from headroom.ray_serve.spec import SERVE_DEFAULT_ROUTER, ServeAppSpec
@@ -38,18 +39,23 @@ class AppArgs(BaseModel):
     trusted_backends: list[str] = Field(default_factory=lambda: sorted(DEFAULT_TRUSTED))
     replicas: int = 1
     replica_capacity: int = 8
+    multiplex: bool = True
     max_models_per_replica: int = 3
     router: str = "peak_ewma"
     affinity_header: str = "x-session-id"
-    replica_num_cpus: float = 1.0
-    ingress_num_cpus: float = 0.5
+    replica_num_cpus: float = 0.5
+    ingress_num_cpus: float = 0.25
     ingress_replicas: int = 1
     max_attempts: int = 3
     retry_backoff_s: float = 0.05
     max_body_bytes: int = 64 * 1024 * 1024
+    drain_timeout_s: float = 30.0
     autoscale: bool = False  # derive Serve's autoscaling_config from headroom's autoscaler policy
     min_replicas: int = 1
     max_replicas: int = 4
+    # the whole autoscaler section of a router.yaml (headroom.autoscaler.policy.AutoscalerConfig's keys);
+    # given, it wins over autoscale / min_replicas / max_replicas
+    autoscaler: dict[str, Any] | None = None
 
     @field_validator("models", "trusted_backends", mode="before")
     @classmethod
@@ -64,17 +70,20 @@ class AppArgs(BaseModel):
         kwargs["models"], kwargs["trusted_backends"] = tuple(self.models), tuple(self.trusted_backends)
         return ServeAppSpec(**kwargs)
 
-    def autoscaler(self) -> AutoscalerConfig | None:
+    def autoscaler_config(self) -> AutoscalerConfig | None:
+        """headroom's autoscaler policy for the model deployment (None: a fixed replica count)."""
+        if self.autoscaler is not None:
+            return from_mapping(AutoscalerConfig, self.autoscaler, "autoscaler")
         if not self.autoscale:
             return None
-        return AutoscalerConfig(metric="utilisation", min_replicas=self.min_replicas, max_replicas=self.max_replicas,
-                                warm_pool=0)
+        return AutoscalerConfig(min_replicas=self.min_replicas, max_replicas=self.max_replicas, warm_pool=0)
 
 
 def models_deployment_options(spec: ServeAppSpec, autoscaler: AutoscalerConfig | None) -> dict[str, Any]:
     """`serve.deployment` options of the model replicas: capacity, CPUs, replicas or autoscaling, router."""
     options: dict[str, Any] = {"name": MODELS_DEPLOYMENT, "max_ongoing_requests": spec.replica_capacity,
-                               "ray_actor_options": {"num_cpus": spec.replica_num_cpus}}
+                               "ray_actor_options": {"num_cpus": spec.replica_num_cpus},
+                               "graceful_shutdown_timeout_s": spec.drain_timeout_s}
     if autoscaler is None:
         options["num_replicas"] = spec.replicas
     else:
@@ -100,10 +109,8 @@ def build_app(args: AppArgs) -> Any:
     from headroom.ray_serve.ingress import HttpIngress
     from headroom.ray_serve.replica import ModelReplica
 
-    if isinstance(args, dict):  # called directly rather than through Serve's builder, which validates first
-        args = AppArgs.model_validate(args)
     spec = args.spec()
-    models = serve.deployment(**models_deployment_options(spec, args.autoscaler()))(ModelReplica)
+    models = serve.deployment(**models_deployment_options(spec, args.autoscaler_config()))(ModelReplica)
     ingress = serve.deployment(**ingress_deployment_options(spec))(HttpIngress)
     return ingress.bind(models.bind(spec), spec)
 
@@ -112,7 +119,7 @@ def serve_config(args: AppArgs, host: str = "0.0.0.0", port: int = 8000, name: s
     """A Serve config file (`serve deploy FILE` / `serve run FILE`) for the application `args` describe."""
     spec = args.spec()  # validates
     deployments = []
-    for options in (ingress_deployment_options(spec), models_deployment_options(spec, args.autoscaler())):
+    for options in (ingress_deployment_options(spec), models_deployment_options(spec, args.autoscaler_config())):
         deployments.append({k: v for k, v in options.items() if k != "request_router_config"})
     return {
         "proxy_location": "EveryNode",

@@ -45,6 +45,9 @@ log = logging.getLogger("headroom.ray_serve")
 
 #: Response header naming the Serve replica that answered (as the router's x-headroom-replica).
 REPLICA_HEADER = "x-headroom-replica"
+#: This ingress replica's counters: inference requests, tries repeated after a lost model replica, requests
+#: that ran out of tries (503).
+STATS_PATH = "/ingress/stats"
 
 
 def infer_path(path: str) -> tuple[str, str] | None:
@@ -71,6 +74,7 @@ class HttpIngress:
         index = ModelRepository(Path(spec.model_repository), spec.trusted_backends).scan(spec.models or None)
         self.configs: dict[str, ModelConfig] = {e.name: e.config for e in index.models}
         self._ids = itertools.count(1)
+        self.stats = {"requests": 0, "replica_lost_retries": 0, "retries_exhausted": 0}  # GET /ingress/stats
 
     async def __call__(self, request: Request) -> Response:
         try:
@@ -92,6 +96,8 @@ class HttpIngress:
             return _json({})  # the proxy routes here only once the deployments are up
         if request.method == "GET" and path == "/v2/models":
             return _json({"models": sorted(self.configs)})
+        if request.method == "GET" and path == STATS_PATH:
+            return _json(self.stats)
         return _json({"error": f"no route for {request.method} {path}", "reason": "not_found"}, 404)
 
     def _config(self, model: str) -> ModelConfig:
@@ -129,9 +135,10 @@ class HttpIngress:
         from ray.exceptions import RayActorError
         from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 
-        handle = self.models.options(multiplexed_model_id=request.model_name)
+        handle = self.models.options(multiplexed_model_id=request.model_name) if self.spec.multiplex else self.models
         backoff_s = self.spec.retry_backoff_s
         attempt = 0
+        self.stats["requests"] += 1
         while True:
             attempt += 1
             try:
@@ -141,9 +148,11 @@ class HttpIngress:
                 log.warning("request %s: model replica lost (%s), try %d of %d", request.request_id,
                             type(exc).__name__, attempt, self.spec.max_attempts)
                 if attempt >= self.spec.max_attempts:
+                    self.stats["retries_exhausted"] += 1
                     raise NotReady(f"the model replicas serving '{request.model_name}' failed {attempt} times "
                                    f"under this request (last: {type(exc).__name__}); retry later",
                                    retry_after_s=1.0) from None
+                self.stats["replica_lost_retries"] += 1
                 await asyncio.sleep(backoff_s)
                 backoff_s *= 2
             except BackPressureError:

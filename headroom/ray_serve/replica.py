@@ -6,7 +6,8 @@ arrives through a `DeploymentHandle` runs the same admission, validation, dynami
 timings as one that arrives over `headroom serve`'s HTTP or gRPC. Models are loaded on demand through Serve's
 model multiplexing (`@serve.multiplexed`): the handle carries the model name as the multiplexed model id, Serve
 prefers replicas that already hold it, and a replica keeps at most `max_models_per_replica` models, unloading
-the least recently used one (its batcher drains first) when another is needed.
+the least recently used one (its batcher drains first) when another is needed. With `multiplex` off, every
+replica loads every model before Serve routes to it (as `headroom serve` does).
 
 Answers travel back as `ReplicaAnswer`: a response, or the headroom error (class, message, retry-after), so the
 ingress answers with the status and JSON body `headroom serve` would give.
@@ -97,6 +98,9 @@ class ModelReplica:
             return await self._load(model_id)
 
         self.get_model = serve.multiplexed(max_num_models_per_replica=spec.max_models_per_replica)(load_model)
+        self._preloaded: list[ResidentModel] = []
+        if not spec.multiplex:  # every replica serves every model, loaded before Serve routes to it
+            self._preloaded = [await self._load(entry.name) for entry in self.index.models]
 
     async def _load(self, name: str) -> ResidentModel:
         pending = self._unloads.get(name)
@@ -138,7 +142,8 @@ class ModelReplica:
             if model_id and model_id != request.model_name:
                 raise InvalidRequest(f"multiplexed model id '{model_id}' does not match the request's model "
                                      f"'{request.model_name}'")
-            await self.get_model(request.model_name)
+            if self.spec.multiplex:
+                await self.get_model(request.model_name)
             response = await self.dataplane.infer(request)
         except HeadroomError as exc:
             return ReplicaAnswer(self.replica_id, error=RemoteError.of(exc))

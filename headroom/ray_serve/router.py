@@ -6,11 +6,12 @@ Serve's handle asks `choose_replicas` for ranked candidates. `HeadroomRequestRou
 one; it is ranked first, the others after it (Serve probes the first rank and falls back to the next when
 the chosen replica's queue is full). The snapshot of a replica:
 
-* ``outstanding``: requests this router sent to it that have not completed (`on_request_routed` /
-  `on_request_completed`);
+* ``outstanding``: requests this router sent to it that have not completed (`on_send_request` /
+  `on_request_completed`, which Serve calls for every request);
 * ``queue_depth``: the larger of Serve's cached queue length for it and the `queue_depth` it reports through
   `record_routing_stats` (requests its data plane admitted);
-* ``ewma_latency_s``: Finagle's peak-EWMA of the time from routing to completion (`peak_ewma_update`);
+* ``ewma_latency_s``: Finagle's peak-EWMA of the time from the start of routing to completion
+  (`peak_ewma_update`);
 * ``capacity``: Serve's `max_ongoing_requests`.
 
 Multiplexed requests (a model name as multiplexed model id) first narrow the candidates with Serve's own
@@ -38,6 +39,8 @@ from ray.serve.request_router import (
 from headroom.router.policies import POLICIES, RoutingConfig, choose
 from headroom.router.snapshot import DEFAULT_PEAK_EWMA_DECAY_S, ReplicaSnapshot, RouterState, peak_ewma_update
 
+#: Requests whose routing start is remembered for a latency sample (cleared beyond this: a leak guard).
+_MAX_TRACKED = 100_000
 #: The import path Serve's `RequestRouterConfig.request_router_class` takes.
 ROUTER_CLASS_PATH = "headroom.ray_serve.router.HeadroomRequestRouter"
 
@@ -57,7 +60,7 @@ class HeadroomRequestRouter(FIFOMixin, MultiplexMixin, RequestRouter):
         self.state = RouterState()
         self.outstanding: dict[str, int] = {}  # replica id -> requests routed, not completed
         self.ewma: dict[str, tuple[float, float]] = {}  # replica id -> (peak-EWMA latency s, updated at s)
-        self.started: dict[str, tuple[str, float]] = {}  # internal request id -> (replica id, routed at s)
+        self.started: dict[str, float] = {}  # internal request id -> when routing it began (monotonic s)
 
     def snapshot(self, replica: RunningReplica) -> ReplicaSnapshot:
         rid = replica.replica_id.unique_id
@@ -76,7 +79,12 @@ class HeadroomRequestRouter(FIFOMixin, MultiplexMixin, RequestRouter):
             candidates = [r for r in candidate_replicas if r.replica_id in ids] or candidate_replicas
         if not candidates:
             return []
-        key = pending_request.kwargs.get("routing_key") if pending_request is not None else None
+        key = None
+        if pending_request is not None:
+            key = pending_request.kwargs.get("routing_key")
+            if len(self.started) >= _MAX_TRACKED:  # requests cancelled before they reached a replica
+                self.started.clear()
+            self.started.setdefault(pending_request.metadata.internal_request_id, time.monotonic())
         snapshots = [self.snapshot(r) for r in candidates]
         decision, self.state = choose(self.policy, snapshots, key if isinstance(key, str) else None, self.state,
                                       time.monotonic(), self.rng, self.routing)
@@ -84,18 +92,19 @@ class HeadroomRequestRouter(FIFOMixin, MultiplexMixin, RequestRouter):
         rest = [r for r in candidates if r.replica_id.unique_id != decision.replica_id]
         return [ranked for ranked in (chosen, rest) if ranked]
 
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
-                          result: Any) -> None:
+    def on_send_request(self, replica_id: ReplicaID) -> None:
+        """Serve sent a request to `replica_id` (every request, with or without its rejection protocol)."""
+        super().on_send_request(replica_id)
         rid = replica_id.unique_id
         self.outstanding[rid] = self.outstanding.get(rid, 0) + 1
-        self.started[pending_request.metadata.internal_request_id] = (rid, time.monotonic())
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        started = self.started.pop(internal_request_id, None)
-        if started is None:
-            return
-        rid, routed_s = started
+        """The request finished on `replica_id` (any outcome): one fewer outstanding, one latency sample."""
+        rid = replica_id.unique_id
         self.outstanding[rid] = max(0, self.outstanding.get(rid, 0) - 1)
+        routed_s = self.started.pop(internal_request_id, None)
+        if routed_s is None:
+            return
         now_s = time.monotonic()
         prev_s, updated_s = self.ewma.get(rid, (0.0, now_s))
         self.ewma[rid] = (peak_ewma_update(prev_s, now_s - routed_s, max(0.0, now_s - updated_s), self.decay_s),
@@ -106,4 +115,3 @@ class HeadroomRequestRouter(FIFOMixin, MultiplexMixin, RequestRouter):
         rid = replica_id.unique_id
         self.outstanding.pop(rid, None)
         self.ewma.pop(rid, None)
-        self.started = {k: v for k, v in self.started.items() if v[0] != rid}
