@@ -3,9 +3,15 @@ flags merged as `headroom route` merges them, and bad input refused with exit co
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 from ray.serve.schema import ServeDeploySchema
 from typer.testing import CliRunner
@@ -13,6 +19,7 @@ from typer.testing import CliRunner
 from headroom.cli.main import app
 from headroom.ray_serve.app import INGRESS_DEPLOYMENT, MODELS_DEPLOYMENT, AppArgs
 from headroom.ray_serve.spec import ServeAppSpec
+from tests.support.server import free_port
 
 
 def _deploy(*argv: str) -> tuple[int, str]:
@@ -71,3 +78,36 @@ def test_bad_input_is_refused_with_exit_code_2(tmp_path: Path) -> None:
 
 def test_args_defaults_are_the_specs() -> None:
     assert AppArgs.model_validate({"model_repository": "m"}).spec() == ServeAppSpec("m")
+
+
+def test_run_serves_on_a_local_cluster_until_sigterm(tmp_path: Path) -> None:
+    """`headroom deploy ray --run` as a real process: its own local Ray cluster, Serve on 127.0.0.1, a request
+    answered, then SIGTERM deletes the application, stops Serve and the cluster, and the process exits 0."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "noop").symlink_to(Path(__file__).resolve().parents[2] / "benchmarks" / "models" / "noop")
+    port = free_port()
+    log_path = tmp_path / "deploy.log"
+    cmd = [sys.executable, "-m", "headroom.cli.main", "deploy", "ray", "--run", "--model-repository", str(repo),
+           "--replicas", "1", "--port", str(port), "--ray-num-cpus", "1"]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 240.0
+        while True:
+            assert proc.poll() is None, log_path.read_text(errors="replace")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/v2/health/ready", timeout=2.0).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "not ready:\n" + log_path.read_text(errors="replace")
+            time.sleep(0.5)
+        body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 2], "data": [3, 4]}]}
+        r = httpx.post(url + "/v2/models/noop/infer", json=body, timeout=60.0)
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [3, 4], r.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120.0) == 0, log_path.read_text(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30.0)
