@@ -22,7 +22,7 @@ from headroom.autoscaler.policy import AutoscalerConfig
 from headroom.core.strict_mapping import from_mapping
 from headroom.models.trust import DEFAULT_TRUSTED
 from headroom.ray_serve.autoscaling import serve_autoscaling
-from headroom.ray_serve.spec import SERVE_DEFAULT_ROUTER, ServeAppSpec
+from headroom.ray_serve.spec import ROUTER_CLASS_PATH, SERVE_DEFAULT_ROUTER, ServeAppSpec
 
 IMPORT_PATH = "headroom.ray_serve.app:build_app"
 INGRESS_DEPLOYMENT = "headroom-ingress"
@@ -89,7 +89,6 @@ def models_deployment_options(spec: ServeAppSpec, autoscaler: AutoscalerConfig |
     else:
         options["autoscaling_config"] = serve_autoscaling(autoscaler, spec.replica_capacity, spec.replicas).as_dict()
     if spec.router != SERVE_DEFAULT_ROUTER:
-        from headroom.ray_serve.router import ROUTER_CLASS_PATH
         options["request_router_config"] = {"request_router_class": ROUTER_CLASS_PATH,
                                             "request_router_kwargs": {"policy": spec.router}}
     return options

@@ -103,6 +103,12 @@ def deploy_ray(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     if run:
+        try:
+            import ray.serve  # noqa: F401  # Serve's extra dependencies are imported with it
+        except ModuleNotFoundError as exc:
+            typer.echo(f"error: --run needs Ray Serve ({exc.name} is missing): pip install 'headroom[ray]' "
+                       "(make serve / make test install it)", err=True)
+            raise typer.Exit(code=2) from None
         bind = host if "host" in given or ray_address else "127.0.0.1"
         _run(args, bind, port, name, ray_address, ray_num_cpus)
         return

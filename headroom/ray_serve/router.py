@@ -41,8 +41,6 @@ from headroom.router.snapshot import DEFAULT_PEAK_EWMA_DECAY_S, ReplicaSnapshot,
 
 #: Requests whose routing start is remembered for a latency sample (cleared beyond this: a leak guard).
 _MAX_TRACKED = 100_000
-#: The import path Serve's `RequestRouterConfig.request_router_class` takes.
-ROUTER_CLASS_PATH = "headroom.ray_serve.router.HeadroomRequestRouter"
 
 
 class HeadroomRequestRouter(FIFOMixin, MultiplexMixin, RequestRouter):

@@ -11,6 +11,9 @@ from headroom.router.policies import POLICIES
 #: Serve's own request router (power of two choices on the replicas' queue lengths) instead of headroom's.
 SERVE_DEFAULT_ROUTER = "serve"
 ROUTERS = (*POLICIES, SERVE_DEFAULT_ROUTER)
+#: The import path of headroom's request router (`RequestRouterConfig.request_router_class`); a string, so that
+#: rendering a Serve config does not import Ray.
+ROUTER_CLASS_PATH = "headroom.ray_serve.router.HeadroomRequestRouter"
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pydantic
 import pytest
 from ray.serve.request_router import RequestRouter
 from ray.serve.schema import ServeDeploySchema
 
 from headroom.ray_serve.app import IMPORT_PATH, MODELS_DEPLOYMENT, AppArgs, models_deployment_options, serve_config
-from headroom.ray_serve.router import ROUTER_CLASS_PATH, HeadroomRequestRouter
-from headroom.ray_serve.spec import ServeAppSpec
+from headroom.ray_serve.router import HeadroomRequestRouter
+from headroom.ray_serve.spec import ROUTER_CLASS_PATH, ServeAppSpec
 
 
 def test_args_split_comma_lists_and_refuse_unknown_keys() -> None:
@@ -49,3 +52,12 @@ def test_serve_config_is_a_valid_serve_deploy_file() -> None:
     assert "num_replicas" not in models and models["autoscaling_config"]["target_ongoing_requests"] == 4.0
     assert models["autoscaling_config"]["max_replicas"] == 5 and models["max_ongoing_requests"] == 8
     assert AppArgs.model_validate(app["args"]) == args  # the file's args rebuild the same application
+
+
+def test_rendering_a_serve_config_does_not_import_ray() -> None:
+    """`headroom deploy ray` (no --run) and `headroom deploy k8s` work where Ray is not installed."""
+    code = ("import sys; from headroom.cli.deploy import app; from headroom.ray_serve.app import AppArgs, "
+            "serve_config; serve_config(AppArgs(model_repository='m', router='prefix')); "
+            "assert 'ray' not in sys.modules, 'ray was imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
