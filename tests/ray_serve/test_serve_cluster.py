@@ -81,7 +81,7 @@ def _outputs(r: httpx.Response) -> list[dict[str, Any]]:
 
 
 def test_serve_answers_as_headroom_serve_does(repo: Path, serve_url: str, tmp_path: Path) -> None:
-    deploy(repo, replicas=1, router="serve")
+    deploy(repo, replicas=1, router="serve", max_body_bytes=4096)
     bad = [("/v2/models/nope/infer", {"inputs": []}),  # unknown model: 404 before the body is read
            ("/v2/models/digits/infer", {"inputs": [{"name": "input", "datatype": "INT8", "shape": [1, 1, 8, 8],
                                                      "data": [0] * 64}]}),  # wrong datatype: 400
@@ -101,7 +101,15 @@ def test_serve_answers_as_headroom_serve_does(repo: Path, serve_url: str, tmp_pa
             assert a.status_code in (400, 404) and a.json()["error"]
         garbage = client.post(f"{serve_url}/v2/models/noop/infer", content=b"{not json")
         assert garbage.status_code == 400 and garbage.json()["reason"] == "invalid_request"
+        big = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 2000], "data": [1.5] * 2000}]}
+        too_big = client.post(f"{serve_url}/v2/models/noop/infer", json=big)  # over max_body_bytes=4096
+        assert too_big.status_code == 413 and too_big.json()["reason"] == "payload_too_large"
+        bad_timeout = client.post(f"{serve_url}/v2/models/noop/infer", json=noop_body(1),
+                                  headers={"x-request-timeout-ms": "soon"})
+        assert bad_timeout.status_code == 400 and bad_timeout.json()["error"]
+        assert client.get(f"{serve_url}/v2/models/noop/infer").status_code == 405
         assert client.get(f"{serve_url}/v2/nothing").status_code == 404
+        assert _outputs(client.post(f"{serve_url}/v2/models/noop/infer", json=noop_body(5)))[0]["data"] == [5, 6, 7]
 
 
 def _replica_of(client: httpx.Client, url: str, model: str, body: dict[str, Any]) -> str:
