@@ -48,6 +48,7 @@ class AppArgs(BaseModel):
     ingress_replicas: int = 1
     max_attempts: int = 3
     retry_backoff_s: float = 0.05
+    load_allowance_s: float = 120.0
     max_body_bytes: int = 64 * 1024 * 1024
     drain_timeout_s: float = 30.0
     autoscale: bool = False  # derive Serve's autoscaling_config from headroom's autoscaler policy

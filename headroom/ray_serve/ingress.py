@@ -10,6 +10,8 @@ answer. Every accepted request gets exactly one response:
 
 * a model replica that dies (or becomes unreachable) under a request: the request is sent again, up to
   `max_attempts` tries with a doubling backoff (inference is idempotent); after that 503 `not_ready`;
+* no answer within the request's timeout plus `load_allowance_s` (all tries together): the call is cancelled,
+  504 `deadline_exceeded` (a wedged replica never wedges the ingress);
 * Serve's handle queue full (`BackPressureError`) or a deployment that failed: 503; any other failure of the
   call: 500 with the error's text, never a hang or a crash of the ingress.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from headroom.core.deadline import client_timeout_ms, shorter
-from headroom.core.errors import HeadroomError, ModelNotFound, NotReady, Overloaded
+from headroom.core.errors import DeadlineExceeded, HeadroomError, ModelNotFound, NotReady, Overloaded
 from headroom.core.types import InferenceRequest
 from headroom.models.config import ModelConfig
 from headroom.models.repository import ModelRepository
@@ -46,7 +49,7 @@ log = logging.getLogger("headroom.ray_serve")
 #: Response header naming the Serve replica that answered (as the router's x-headroom-replica).
 REPLICA_HEADER = "x-headroom-replica"
 #: This ingress replica's counters: inference requests, tries repeated after a lost model replica, requests
-#: that ran out of tries (503).
+#: that ran out of tries (503), requests not answered in time (504).
 STATS_PATH = "/ingress/stats"
 
 
@@ -59,6 +62,12 @@ def infer_path(path: str) -> tuple[str, str] | None:
             and parts[3] and parts[5]):
         return parts[3], parts[5]
     return None
+
+
+async def _result(call: Any) -> ReplicaAnswer:
+    """Await a DeploymentResponse (a coroutine, so that asyncio.wait_for can bound it)."""
+    answer: ReplicaAnswer = await call
+    return answer
 
 
 def _json(payload: object, status: int = 200) -> Response:
@@ -74,7 +83,8 @@ class HttpIngress:
         index = ModelRepository(Path(spec.model_repository), spec.trusted_backends).scan(spec.models or None)
         self.configs: dict[str, ModelConfig] = {e.name: e.config for e in index.models}
         self._ids = itertools.count(1)
-        self.stats = {"requests": 0, "replica_lost_retries": 0, "retries_exhausted": 0}  # GET /ingress/stats
+        # GET /ingress/stats
+        self.stats = {"requests": 0, "replica_lost_retries": 0, "retries_exhausted": 0, "timeouts": 0}
 
     async def __call__(self, request: Request) -> Response:
         try:
@@ -117,7 +127,8 @@ class HttpIngress:
         if timeout_ms is not None:
             decoded = replace(decoded, timeout_ms=shorter(decoded.timeout_ms, timeout_ms))
         key = request_key(self.spec.router, request.headers, body, self.spec.affinity_header)
-        answer = await self.call_replica(decoded, key)
+        timeout_s = (decoded.timeout_ms or config.batching.default_timeout_ms) / 1e3 + self.spec.load_allowance_s
+        answer = await self.call_replica(decoded, key, timeout_s)
         if answer.error is not None:
             response = error_response(answer.error.rebuild())
         else:
@@ -130,8 +141,9 @@ class HttpIngress:
         response.headers[REPLICA_HEADER] = answer.replica_id
         return response
 
-    async def call_replica(self, request: InferenceRequest, key: str | None) -> ReplicaAnswer:
-        """`ModelReplica.infer` through the handle; a replica lost under the request is retried elsewhere."""
+    async def call_replica(self, request: InferenceRequest, key: str | None, timeout_s: float) -> ReplicaAnswer:
+        """`ModelReplica.infer` through the handle; a replica lost under the request is retried elsewhere; past
+        `timeout_s` (all tries together) the call is cancelled and the answer is 504."""
         from ray.exceptions import RayActorError
         from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 
@@ -139,11 +151,19 @@ class HttpIngress:
         backoff_s = self.spec.retry_backoff_s
         attempt = 0
         self.stats["requests"] += 1
+        deadline_s = time.monotonic() + timeout_s
         while True:
             attempt += 1
+            call = handle.infer.remote(request, routing_key=key)
             try:
-                answer: ReplicaAnswer = await handle.infer.remote(request, routing_key=key)
+                answer: ReplicaAnswer = await asyncio.wait_for(_result(call), max(0.0, deadline_s - time.monotonic()))
                 return answer
+            except TimeoutError:
+                call.cancel()
+                self.stats["timeouts"] += 1
+                raise DeadlineExceeded(f"no answer from the model replicas of '{request.model_name}' within "
+                                       f"{timeout_s:.1f} s (the request's timeout plus {self.spec.load_allowance_s} "
+                                       "s for a model load)") from None
             except (RayActorError, ReplicaUnavailableError) as exc:
                 log.warning("request %s: model replica lost (%s), try %d of %d", request.request_id,
                             type(exc).__name__, attempt, self.spec.max_attempts)

@@ -34,6 +34,8 @@ class ServeAppSpec:
     ingress_replicas: int = 1  # HTTP ingress replicas
     max_attempts: int = 3  # tries per request when a model replica dies under it (inference is idempotent)
     retry_backoff_s: float = 0.05  # wait before the 2nd try (doubles per try)
+    load_allowance_s: float = 120.0  # on top of a request's own timeout: time for its model to load on a replica
+    #   (multiplexing loads on demand); past both the ingress answers 504 and cancels the call
     max_body_bytes: int = 64 * 1024 * 1024  # larger request bodies get 413 (as `headroom serve`)
     drain_timeout_s: float = 30.0  # a stopping replica finishes in-flight work this long (Serve's graceful
     #   shutdown timeout)
@@ -50,5 +52,7 @@ class ServeAppSpec:
         bad = [f"{k}={v}" for k, v in positive.items() if v < 1]
         if bad:
             raise ValueError(f"must be >= 1: {', '.join(bad)}")
-        if min(self.replica_num_cpus, self.ingress_num_cpus, self.retry_backoff_s, self.drain_timeout_s) < 0:
-            raise ValueError("replica_num_cpus, ingress_num_cpus, retry_backoff_s and drain_timeout_s must be >= 0")
+        if min(self.replica_num_cpus, self.ingress_num_cpus, self.retry_backoff_s, self.drain_timeout_s,
+               self.load_allowance_s) < 0:
+            raise ValueError("replica_num_cpus, ingress_num_cpus, retry_backoff_s, drain_timeout_s and "
+                             "load_allowance_s must be >= 0")

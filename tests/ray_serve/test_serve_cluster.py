@@ -191,7 +191,7 @@ def test_a_replica_killed_under_load_loses_no_accepted_request(serve_url: str, t
     answer."""
     repo = build_test_repository(tmp_path / "repo")  # Python-backend test models, `slow` among them
     deploy(repo, replicas=2, multiplex=False, router="least_outstanding", replica_capacity=2, max_attempts=5,
-           retry_backoff_s=0.1, trusted_backends=["python"], models=["slow"])
+           retry_backoff_s=0.1, trusted_backends=["python"], models=["slow"], load_allowance_s=0.0)
 
     async def run() -> tuple[list[httpx.Response], str]:
         first: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -211,3 +211,9 @@ def test_a_replica_killed_under_load_loses_no_accepted_request(serve_url: str, t
     # the kill hit requests in flight on the victim, and every one of them was answered by another try
     assert stats["replica_lost_retries"] >= 1 and stats["retries_exhausted"] == 0, stats
     assert all(r.headers[REPLICA_HEADER] != victim for r in responses[-4:])  # the last ones: never the victim
+    # a request that outlives its own timeout gets one 504 (from the replica's deadline or the ingress's bound)
+    late = httpx.post(f"{serve_url}/v2/models/slow/infer", json=slow_body(99, 2000.0), timeout=60.0,
+                      headers={"x-request-timeout-ms": "300"})
+    assert late.status_code == 504 and late.json()["reason"] == "deadline_exceeded", late.text
+    after = httpx.post(f"{serve_url}/v2/models/slow/infer", json=slow_body(100, 0.0), timeout=60.0)
+    assert after.status_code == 200 and after.json()["outputs"][0]["data"] == [100]
