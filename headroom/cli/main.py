@@ -38,7 +38,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "route": Subcommand("headroom.router.cli", "route", False),
     "route-ray": Subcommand("headroom.router.ray_cli", "route_ray", False),
     "batch": Subcommand("headroom.lifecycle.batch_cli", "batch", False),
-    "deploy": Subcommand("headroom.router.k8s", "deploy_app", True),
+    "deploy": Subcommand("headroom.cli.deploy", "app", True),
     "rollout": Subcommand("headroom.cli.rollout", "app", True),
 }
 

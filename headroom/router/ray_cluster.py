@@ -60,7 +60,9 @@ def connect_ray(cluster: RayClusterConfig | None = None) -> None:
     if cluster.address is not None:
         ray.init(address=cluster.address, namespace=cluster.namespace, log_to_driver=False)
     else:
-        ray.init(num_cpus=cluster.num_cpus, include_dashboard=False, log_to_driver=False,
+        # address="local": always a new cluster; None would join the last cluster started on this machine
+        # (another process's `ray start` or `ray.cluster_utils.Cluster`), where num_cpus is refused
+        ray.init(address="local", num_cpus=cluster.num_cpus, include_dashboard=False, log_to_driver=False,
                  namespace=cluster.namespace, object_store_memory=cluster.object_store_memory_bytes)
 
 

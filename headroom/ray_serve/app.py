@@ -1,0 +1,132 @@
+"""A headroom application on Ray Serve: `serve run headroom.ray_serve.app:build_app model_repository=models`.
+
+    Serve HTTP proxy ─► headroom-ingress (HttpIngress: V2 decode, 404/413/400 at the edge, retries)
+                          └─ DeploymentHandle.options(multiplexed_model_id=<model>).infer.remote(request)
+                               └─► headroom-models (ModelReplica: a headroom DataPlane per replica,
+                                   models loaded on demand through @serve.multiplexed)
+
+`build_app(args)` is Serve's application builder: `args` (a dict from `serve run k=v ...` or a Serve config
+file's `args:`) is validated by `AppArgs` (unknown keys refused) and becomes a `ServeAppSpec`. The model
+deployment uses headroom's routing policy as Serve's request router (`router`; "serve" keeps Serve's default)
+and a fixed replica count or, with `autoscale`, an `autoscaling_config` derived from headroom's autoscaler
+policy (`headroom.ray_serve.autoscaling`). `serve_config(...)` renders the same application as a Serve config
+file (`serve deploy` / `serve run config.yaml`), which `headroom deploy ray` prints.
+"""
+
+from dataclasses import fields
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from headroom.autoscaler.policy import AutoscalerConfig
+from headroom.core.strict_mapping import from_mapping
+from headroom.models.trust import DEFAULT_TRUSTED
+from headroom.ray_serve.autoscaling import serve_autoscaling
+from headroom.ray_serve.spec import ROUTER_CLASS_PATH, SERVE_DEFAULT_ROUTER, ServeAppSpec
+
+IMPORT_PATH = "headroom.ray_serve.app:build_app"
+INGRESS_DEPLOYMENT = "headroom-ingress"
+MODELS_DEPLOYMENT = "headroom-models"
+
+
+class AppArgs(BaseModel):
+    """The builder's arguments (the edge: strings from `serve run k=v`, or a config file's `args:`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_repository: str
+    models: list[str] = Field(default_factory=list)  # also "digits,noop"
+    trusted_backends: list[str] = Field(default_factory=lambda: sorted(DEFAULT_TRUSTED))
+    replicas: int = 1
+    replica_capacity: int = 8
+    multiplex: bool = True
+    max_models_per_replica: int = 3
+    router: str = "peak_ewma"
+    affinity_header: str = "x-session-id"
+    replica_num_cpus: float = 0.5
+    ingress_num_cpus: float = 0.25
+    ingress_replicas: int = 1
+    max_attempts: int = 3
+    retry_backoff_s: float = 0.05
+    load_allowance_s: float = 120.0
+    max_body_bytes: int = 64 * 1024 * 1024
+    drain_timeout_s: float = 30.0
+    autoscale: bool = False  # derive Serve's autoscaling_config from headroom's autoscaler policy
+    min_replicas: int = 1
+    max_replicas: int = 4
+    # the whole autoscaler section of a router.yaml (headroom.autoscaler.policy.AutoscalerConfig's keys);
+    # given, it wins over autoscale / min_replicas / max_replicas
+    autoscaler: dict[str, Any] | None = None
+
+    @field_validator("models", "trusted_backends", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    def spec(self) -> ServeAppSpec:
+        data = self.model_dump()
+        kwargs = {f.name: data[f.name] for f in fields(ServeAppSpec)}
+        kwargs["models"], kwargs["trusted_backends"] = tuple(self.models), tuple(self.trusted_backends)
+        return ServeAppSpec(**kwargs)
+
+    def autoscaler_config(self) -> AutoscalerConfig | None:
+        """headroom's autoscaler policy for the model deployment (None: a fixed replica count)."""
+        if self.autoscaler is not None:
+            return from_mapping(AutoscalerConfig, self.autoscaler, "autoscaler")
+        if not self.autoscale:
+            return None
+        return AutoscalerConfig(min_replicas=self.min_replicas, max_replicas=self.max_replicas, warm_pool=0)
+
+
+def models_deployment_options(spec: ServeAppSpec, autoscaler: AutoscalerConfig | None) -> dict[str, Any]:
+    """`serve.deployment` options of the model replicas: capacity, CPUs, replicas or autoscaling, router."""
+    options: dict[str, Any] = {"name": MODELS_DEPLOYMENT, "max_ongoing_requests": spec.replica_capacity,
+                               "ray_actor_options": {"num_cpus": spec.replica_num_cpus},
+                               "graceful_shutdown_timeout_s": spec.drain_timeout_s}
+    if autoscaler is None:
+        options["num_replicas"] = spec.replicas
+    else:
+        options["autoscaling_config"] = serve_autoscaling(autoscaler, spec.replica_capacity, spec.replicas).as_dict()
+    if spec.router != SERVE_DEFAULT_ROUTER:
+        options["request_router_config"] = {"request_router_class": ROUTER_CLASS_PATH,
+                                            "request_router_kwargs": {"policy": spec.router}}
+    return options
+
+
+def ingress_deployment_options(spec: ServeAppSpec) -> dict[str, Any]:
+    return {"name": INGRESS_DEPLOYMENT, "num_replicas": spec.ingress_replicas,
+            "ray_actor_options": {"num_cpus": spec.ingress_num_cpus},
+            # the ingress only translates and awaits: let it hold every request the model replicas may hold
+            "max_ongoing_requests": max(100, spec.replica_capacity * spec.replicas * 4)}
+
+
+def build_app(args: AppArgs) -> Any:
+    """Serve's application builder: the ingress bound to a handle of the model deployment."""
+    from ray import serve
+
+    from headroom.ray_serve.ingress import HttpIngress
+    from headroom.ray_serve.replica import ModelReplica
+
+    spec = args.spec()
+    models = serve.deployment(**models_deployment_options(spec, args.autoscaler_config()))(ModelReplica)
+    ingress = serve.deployment(**ingress_deployment_options(spec))(HttpIngress)
+    return ingress.bind(models.bind(spec), spec)
+
+
+def serve_config(args: AppArgs, host: str = "0.0.0.0", port: int = 8000, name: str = "headroom") -> dict[str, Any]:
+    """A Serve config file (`serve deploy FILE` / `serve run FILE`) for the application `args` describe."""
+    spec = args.spec()  # validates
+    deployments = []
+    for options in (ingress_deployment_options(spec), models_deployment_options(spec, args.autoscaler_config())):
+        deployments.append({k: v for k, v in options.items() if k != "request_router_config"})
+    return {
+        "proxy_location": "EveryNode",
+        "http_options": {"host": host, "port": port},
+        "applications": [{
+            "name": name, "route_prefix": "/", "import_path": IMPORT_PATH,
+            "args": args.model_dump(exclude_defaults=True),
+            "deployments": deployments,
+        }],
+    }

@@ -1,0 +1,58 @@
+"""What a headroom Ray Serve application is told: one frozen contract shared by the builder, both deployments
+and `headroom deploy ray` (the edge, `headroom.ray_serve.app.AppArgs`, validates and converts into it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from headroom.models.trust import DEFAULT_TRUSTED, parse_trusted
+from headroom.router.policies import POLICIES
+
+#: Serve's own request router (power of two choices on the replicas' queue lengths) instead of headroom's.
+SERVE_DEFAULT_ROUTER = "serve"
+ROUTERS = (*POLICIES, SERVE_DEFAULT_ROUTER)
+#: The import path of headroom's request router (`RequestRouterConfig.request_router_class`); a string, so that
+#: rendering a Serve config does not import Ray.
+ROUTER_CLASS_PATH = "headroom.ray_serve.router.HeadroomRequestRouter"
+
+
+@dataclass(frozen=True, slots=True)
+class ServeAppSpec:
+    """A headroom application on Ray Serve: an HTTP ingress in front of model replicas (one DataPlane each)."""
+
+    model_repository: str  # <model>/config.yaml + versions; the same path on every Ray node
+    models: tuple[str, ...] = ()  # model directories it serves (empty = every tensor model in the repository)
+    trusted_backends: tuple[str, ...] = tuple(sorted(DEFAULT_TRUSTED))  # model code replicas may load
+    replicas: int = 1  # model replicas (the initial count when autoscaling)
+    replica_capacity: int = 8  # requests one replica serves at once (Serve's max_ongoing_requests)
+    multiplex: bool = True  # load models on demand per replica (Serve multiplexing); False: every replica loads all
+    max_models_per_replica: int = 3  # multiplexing: models resident per replica, least recently used evicted
+    router: str = "peak_ewma"  # headroom routing policy for the handle, or "serve" (Serve's default router)
+    affinity_header: str = "x-session-id"  # the session key of the affinity policy (as `headroom route`)
+    replica_num_cpus: float = 0.5  # CPUs each model replica reserves in Ray's scheduler
+    ingress_num_cpus: float = 0.25  # CPUs each ingress replica reserves
+    ingress_replicas: int = 1  # HTTP ingress replicas
+    max_attempts: int = 3  # tries per request when a model replica dies under it (inference is idempotent)
+    retry_backoff_s: float = 0.05  # wait before the 2nd try (doubles per try)
+    load_allowance_s: float = 120.0  # on top of a request's own timeout: time for its model to load on a replica
+    #   (multiplexing loads on demand); past both the ingress answers 504 and cancels the call
+    max_body_bytes: int = 64 * 1024 * 1024  # larger request bodies get 413 (as `headroom serve`)
+    drain_timeout_s: float = 30.0  # a stopping replica finishes in-flight work this long (Serve's graceful
+    #   shutdown timeout)
+
+    def __post_init__(self) -> None:
+        if not self.model_repository:
+            raise ValueError("model_repository is required")
+        parse_trusted(",".join(self.trusted_backends))  # ValueError naming an unknown kind
+        if self.router not in ROUTERS:
+            raise ValueError(f"unknown router {self.router!r}; use one of {', '.join(ROUTERS)}")
+        positive = {"replicas": self.replicas, "replica_capacity": self.replica_capacity,
+                    "max_models_per_replica": self.max_models_per_replica, "ingress_replicas": self.ingress_replicas,
+                    "max_attempts": self.max_attempts, "max_body_bytes": self.max_body_bytes}
+        bad = [f"{k}={v}" for k, v in positive.items() if v < 1]
+        if bad:
+            raise ValueError(f"must be >= 1: {', '.join(bad)}")
+        if min(self.replica_num_cpus, self.ingress_num_cpus, self.retry_backoff_s, self.drain_timeout_s,
+               self.load_allowance_s) < 0:
+            raise ValueError("replica_num_cpus, ingress_num_cpus, retry_backoff_s, drain_timeout_s and "
+                             "load_allowance_s must be >= 0")

@@ -1,0 +1,63 @@
+"""The Serve application's arguments (the edge), deployment options and the Serve config file that
+`headroom deploy ray` prints, validated by Serve's own schema. No cluster needed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pydantic
+import pytest
+from ray.serve.request_router import RequestRouter
+from ray.serve.schema import ServeDeploySchema
+
+from headroom.ray_serve.app import IMPORT_PATH, MODELS_DEPLOYMENT, AppArgs, models_deployment_options, serve_config
+from headroom.ray_serve.router import HeadroomRequestRouter
+from headroom.ray_serve.spec import ROUTER_CLASS_PATH, ServeAppSpec
+
+
+def test_args_split_comma_lists_and_refuse_unknown_keys() -> None:
+    args = AppArgs.model_validate({"model_repository": "models", "models": "digits, noop", "replicas": "2"})
+    spec = args.spec()
+    assert spec.models == ("digits", "noop") and spec.replicas == 2
+    with pytest.raises(pydantic.ValidationError, match="replica_count"):
+        AppArgs.model_validate({"model_repository": "models", "replica_count": 2})
+
+
+@pytest.mark.parametrize("bad", [{"router": "fastest"}, {"replicas": 0}, {"max_models_per_replica": 0},
+                                 {"replica_num_cpus": -1.0}, {"trusted_backends": "onnxruntime,anything"}])
+def test_spec_refuses_values_that_cannot_run(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        AppArgs.model_validate({"model_repository": "models", **bad}).spec()
+
+
+def test_headroom_policy_is_serves_request_router() -> None:
+    options = models_deployment_options(ServeAppSpec("models", router="affinity"), None)
+    router = options["request_router_config"]
+    assert router == {"request_router_class": ROUTER_CLASS_PATH, "request_router_kwargs": {"policy": "affinity"}}
+    module, _, name = ROUTER_CLASS_PATH.rpartition(".")
+    assert getattr(__import__(module, fromlist=[name]), name) is HeadroomRequestRouter
+    assert issubclass(HeadroomRequestRouter, RequestRouter)
+    assert "request_router_config" not in models_deployment_options(ServeAppSpec("models", router="serve"), None)
+
+
+def test_serve_config_is_a_valid_serve_deploy_file() -> None:
+    args = AppArgs.model_validate({"model_repository": "/srv/models", "models": ["digits"], "autoscale": True,
+                                   "min_replicas": 1, "max_replicas": 5, "replica_capacity": 8})
+    doc = serve_config(args, port=8100)
+    ServeDeploySchema.model_validate(doc)
+    app = doc["applications"][0]
+    assert app["import_path"] == IMPORT_PATH and app["args"]["models"] == ["digits"]
+    models = next(d for d in app["deployments"] if d["name"] == MODELS_DEPLOYMENT)
+    assert "num_replicas" not in models and models["autoscaling_config"]["target_ongoing_requests"] == 4.0
+    assert models["autoscaling_config"]["max_replicas"] == 5 and models["max_ongoing_requests"] == 8
+    assert AppArgs.model_validate(app["args"]) == args  # the file's args rebuild the same application
+
+
+def test_rendering_a_serve_config_does_not_import_ray() -> None:
+    """`headroom deploy ray` (no --run) and `headroom deploy k8s` work where Ray is not installed."""
+    code = ("import sys; from headroom.cli.deploy import app; from headroom.ray_serve.app import AppArgs, "
+            "serve_config; serve_config(AppArgs(model_repository='m', router='prefix')); "
+            "assert 'ray' not in sys.modules, 'ray was imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,113 @@
+"""`headroom deploy ray` through headroom's real top-level CLI: the Serve config file it prints, router.yaml +
+flags merged as `headroom route` merges them, and bad input refused with exit code 2."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from ray.serve.schema import ServeDeploySchema
+from typer.testing import CliRunner
+
+from headroom.cli.main import app
+from headroom.ray_serve.app import INGRESS_DEPLOYMENT, MODELS_DEPLOYMENT, AppArgs
+from headroom.ray_serve.spec import ServeAppSpec
+from tests.support.server import free_port
+
+
+def _deploy(*argv: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["deploy", "ray", *argv])
+    return result.exit_code, result.output
+
+
+def _models(doc: dict[str, Any]) -> dict[str, Any]:
+    return next(d for d in doc["applications"][0]["deployments"] if d["name"] == MODELS_DEPLOYMENT)
+
+
+def test_prints_a_valid_serve_config_for_the_given_models(tmp_path: Path) -> None:
+    out = tmp_path / "serve.yaml"
+    code, text = _deploy("--model", "digits", "--replicas", "3", "--port", "8100", "--output", str(out),
+                         "--trusted-backends", "python,onnxruntime")
+    assert code == 0, text
+    doc = yaml.safe_load(out.read_text())
+    ServeDeploySchema.model_validate(doc)
+    application = doc["applications"][0]
+    args = AppArgs.model_validate(application["args"])
+    assert args.models == ["digits"] and Path(args.model_repository).is_absolute() and args.replicas == 3
+    assert args.trusted_backends == ["onnxruntime", "python"]
+    assert _models(doc)["num_replicas"] == 3 and doc["http_options"]["port"] == 8100
+    assert {d["name"] for d in application["deployments"]} == {INGRESS_DEPLOYMENT, MODELS_DEPLOYMENT}
+
+
+def test_router_yaml_feeds_policy_capacity_and_autoscaling_and_flags_win(tmp_path: Path) -> None:
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({
+        "fleet": {"replicas": 2, "replica_capacity": 10, "drain_timeout_s": 12, "models": ["noop"]},
+        "router": {"policy": "prefix"},
+        "autoscaler": {"min_replicas": 2, "max_replicas": 6, "target_utilisation": 0.6, "window_s": 20,
+                       "scale_down_stabilisation_s": 120, "cooldown_s": 30},
+    }))
+    code, text = _deploy("--config", str(config), "--max-replicas", "5")
+    assert code == 0, text
+    doc = yaml.safe_load(text)
+    ServeDeploySchema.model_validate(doc)
+    args = AppArgs.model_validate(doc["applications"][0]["args"])
+    assert args.router == "prefix" and args.models == ["noop"] and args.drain_timeout_s == 12
+    models = _models(doc)
+    assert models["max_ongoing_requests"] == 10 and models["graceful_shutdown_timeout_s"] == 12
+    assert models["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 5, "initial_replicas": 2,
+                                            "target_ongoing_requests": 6.0, "look_back_period_s": 20.0,
+                                            "upscale_delay_s": 0.0, "downscale_delay_s": 120.0}
+
+
+def test_bad_input_is_refused_with_exit_code_2(tmp_path: Path) -> None:
+    code, text = _deploy("--policy", "fastest")
+    assert code == 2 and "fastest" in text
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({"fleet": {"replicas": 2, "replica_capacty": 3}}))
+    code, text = _deploy("--config", str(config))
+    assert code == 2 and "replica_capacity" in text  # did-you-mean on the unknown key
+
+
+def test_args_defaults_are_the_specs() -> None:
+    assert AppArgs.model_validate({"model_repository": "m"}).spec() == ServeAppSpec("m")
+
+
+def test_run_serves_on_a_local_cluster_until_sigterm(tmp_path: Path) -> None:
+    """`headroom deploy ray --run` as a real process: its own local Ray cluster, Serve on 127.0.0.1, a request
+    answered, then SIGTERM deletes the application, stops Serve and the cluster, and the process exits 0."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "noop").symlink_to(Path(__file__).resolve().parents[2] / "benchmarks" / "models" / "noop")
+    port = free_port()
+    log_path = tmp_path / "deploy.log"
+    cmd = [sys.executable, "-m", "headroom.cli.main", "deploy", "ray", "--run", "--model-repository", str(repo),
+           "--replicas", "1", "--port", str(port), "--ray-num-cpus", "1"]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 240.0
+        while True:
+            assert proc.poll() is None, log_path.read_text(errors="replace")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/v2/health/ready", timeout=2.0).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "not ready:\n" + log_path.read_text(errors="replace")
+            time.sleep(0.5)
+        body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 2], "data": [3, 4]}]}
+        r = httpx.post(url + "/v2/models/noop/infer", json=body, timeout=60.0)
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [3, 4], r.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120.0) == 0, log_path.read_text(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30.0)

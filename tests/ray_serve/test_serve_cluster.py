@@ -1,0 +1,219 @@
+"""headroom on Ray Serve, end to end on a REAL local Ray cluster (127.0.0.1, 2 CPUs) started by the test: Serve's
+HTTP proxy -> the ingress -> a DeploymentHandle -> a headroom DataPlane in each model replica.
+
+* a request through Serve answers exactly as `headroom serve` (a real process) answers it, errors included;
+* multiplexing: with one model per replica, each of two models settles on its own replica and both answer;
+* headroom's affinity policy as Serve's request router: one session key always reaches one replica;
+* a model replica actor killed under load loses no accepted request (the ingress retries on the survivor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from headroom.ray_serve.app import MODELS_DEPLOYMENT, AppArgs, build_app
+from headroom.ray_serve.ingress import REPLICA_HEADER, STATS_PATH
+from headroom.router.ray_cluster import RayClusterConfig, connect_ray, shutdown_ray
+from tests.server.conftest import build_test_repository
+from tests.support.server import run_server
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "headroom"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repository with the digits CNN (onnxruntime) and the noop model (returns its input)."""
+    root = tmp_path_factory.mktemp("serve-repo")
+    (root / "digits").symlink_to(ROOT / "models" / "digits")
+    (root / "noop").symlink_to(ROOT / "benchmarks" / "models" / "noop")
+    return root
+
+
+@pytest.fixture(scope="module")
+def serve_url() -> Iterator[str]:
+    connect_ray(RayClusterConfig(num_cpus=2))  # a local cluster bound to 127.0.0.1, no dashboard
+    from ray import serve
+
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()  # type: ignore[no-untyped-call]  # untyped in Ray
+        shutdown_ray()
+
+
+def deploy(repo: Path, **args: Any) -> None:
+    """(Re)deploy the application; returns once Serve reports every replica ready."""
+    from ray import serve
+
+    base = {"model_repository": str(repo), "replica_num_cpus": 0.25, "ingress_num_cpus": 0.25}
+    serve.run(build_app(AppArgs.model_validate({**base, **args})), name=APP, route_prefix="/")
+
+
+def digits_body(seed: int) -> dict[str, Any]:
+    data = np.random.default_rng(seed).integers(0, 17, size=64).astype(float).tolist()
+    return {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 1, 8, 8], "data": data}]}
+
+
+def noop_body(i: int) -> dict[str, Any]:
+    return {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3], "data": [i, i + 1, i + 2]}]}
+
+
+def _outputs(r: httpx.Response) -> list[dict[str, Any]]:
+    assert r.status_code == 200, r.text
+    return list(r.json()["outputs"])
+
+
+def test_serve_answers_as_headroom_serve_does(repo: Path, serve_url: str, tmp_path: Path) -> None:
+    deploy(repo, replicas=1, router="serve", max_body_bytes=4096)
+    bad = [("/v2/models/nope/infer", {"inputs": []}),  # unknown model: 404 before the body is read
+           ("/v2/models/digits/infer", {"inputs": [{"name": "input", "datatype": "INT8", "shape": [1, 1, 8, 8],
+                                                     "data": [0] * 64}]}),  # wrong datatype: 400
+           ("/v2/models/noop/infer", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3],
+                                                   "data": [1, 2]}]})]  # data does not fill the shape: 400
+    with run_server(repo, tmp_path, ["--grpc-port", "-1"]) as server, httpx.Client(timeout=60.0) as client:
+        for seed in range(3):
+            via_serve = client.post(f"{serve_url}/v2/models/digits/infer", json=digits_body(seed))
+            via_headroom = client.post(f"{server.url}/v2/models/digits/infer", json=digits_body(seed))
+            assert _outputs(via_serve) == _outputs(via_headroom)
+            assert via_serve.json()["model_version"] == via_headroom.json()["model_version"] == "1"
+            assert via_serve.headers[REPLICA_HEADER]
+        assert _outputs(client.post(f"{serve_url}/v2/models/noop/infer", json=noop_body(4)))[0]["data"] == [4, 5, 6]
+        for path, body in bad:
+            a, b = client.post(serve_url + path, json=body), client.post(server.url + path, json=body)
+            assert (a.status_code, a.json()["reason"]) == (b.status_code, b.json()["reason"]), (a.text, b.text)
+            assert a.status_code in (400, 404) and a.json()["error"]
+        garbage = client.post(f"{serve_url}/v2/models/noop/infer", content=b"{not json")
+        assert garbage.status_code == 400 and garbage.json()["reason"] == "invalid_request"
+        big = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 2000], "data": [1.5] * 2000}]}
+        too_big = client.post(f"{serve_url}/v2/models/noop/infer", json=big)  # over max_body_bytes=4096
+        assert too_big.status_code == 413 and too_big.json()["reason"] == "payload_too_large"
+        bad_timeout = client.post(f"{serve_url}/v2/models/noop/infer", json=noop_body(1),
+                                  headers={"x-request-timeout-ms": "soon"})
+        assert bad_timeout.status_code == 400 and bad_timeout.json()["error"]
+        assert client.get(f"{serve_url}/v2/models/noop/infer").status_code == 405
+        assert client.get(f"{serve_url}/v2/nothing").status_code == 404
+        assert _outputs(client.post(f"{serve_url}/v2/models/noop/infer", json=noop_body(5)))[0]["data"] == [5, 6, 7]
+
+
+def _replica_of(client: httpx.Client, url: str, model: str, body: dict[str, Any]) -> str:
+    r = client.post(f"{url}/v2/models/{model}/infer", json=body)
+    assert r.status_code == 200, r.text
+    return r.headers[REPLICA_HEADER]
+
+
+def _homes(client: httpx.Client, url: str, rounds: int = 6, attempts: int = 150) -> tuple[str, str]:
+    """Alternate noop and digits requests until each has answered from one replica `rounds` times in a row:
+    (noop's replica, digits' replica). Serve learns which replica holds which model asynchronously, and a
+    replica that has to load a model it lacks evicts the other, so the first rounds may move models around."""
+    streak, last = 0, ("", "")
+    for i in range(attempts):
+        now = (_replica_of(client, url, "noop", noop_body(i)), _replica_of(client, url, "digits", digits_body(i)))
+        streak = streak + 1 if now == last else 1
+        last = now
+        if streak >= rounds:
+            return last
+    raise AssertionError(f"noop and digits never settled on fixed replicas in {attempts} rounds (last: {last})")
+
+
+def test_models_are_multiplexed_one_per_replica(repo: Path, serve_url: str) -> None:
+    deploy(repo, replicas=2, multiplex=True, max_models_per_replica=1, router="peak_ewma")
+    with httpx.Client(timeout=60.0) as client:
+        noop, digits = _homes(client, serve_url)
+        # one model per replica: a replica holding both would have evicted one of them at every other request
+        assert noop != digits
+        assert _outputs(client.post(f"{serve_url}/v2/models/noop/infer", json=noop_body(7)))[0]["data"] == [7, 8, 9]
+
+
+def test_headroom_affinity_policy_routes_a_session_to_one_replica(repo: Path, serve_url: str) -> None:
+    deploy(repo, replicas=2, multiplex=False, router="affinity")
+    with httpx.Client(timeout=60.0) as client:
+        homes: dict[str, set[str]] = {}
+        for round_ in range(3):
+            for k in range(12):
+                r = client.post(f"{serve_url}/v2/models/noop/infer", json=noop_body(round_),
+                                headers={"x-session-id": f"user-{k}"})
+                assert r.status_code == 200, r.text
+                homes.setdefault(f"user-{k}", set()).add(r.headers[REPLICA_HEADER])
+    assert all(len(replicas) == 1 for replicas in homes.values()), homes  # sticky per session
+    assert len(set().union(*homes.values())) == 2  # rendezvous hashing spreads the 12 sessions over both
+
+
+def slow_body(i: int, delay_ms: float) -> dict[str, Any]:
+    return {"inputs": [{"name": "delay_ms", "datatype": "FP32", "shape": [1, 1], "data": [delay_ms]},
+                       {"name": "tag", "datatype": "INT64", "shape": [1, 1], "data": [i]}]}
+
+
+async def _load(url: str, n: int, concurrency: int, delay_ms: float,
+                first: asyncio.Future[str]) -> list[httpx.Response]:
+    """`n` requests to the slow model, `concurrency` at a time; `first` gets the replica of the first answer."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        async def one(i: int) -> httpx.Response:
+            async with sem:
+                r = await client.post(f"{url}/v2/models/slow/infer", json=slow_body(i, delay_ms))
+            if not first.done():
+                first.set_result(r.headers.get(REPLICA_HEADER, ""))
+            return r
+
+        return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+def _kill_replica(unique_id: str) -> None:
+    import ray
+
+    names = [a for a in ray.util.list_named_actors(all_namespaces=True)
+             if MODELS_DEPLOYMENT in a["name"] and a["name"].endswith(unique_id)]
+    assert len(names) == 1, names
+    ray.kill(ray.get_actor(names[0]["name"], namespace=names[0]["namespace"]), no_restart=True)
+
+
+def test_a_replica_killed_under_load_loses_no_accepted_request(serve_url: str, tmp_path: Path) -> None:
+    """Two replicas each hold two requests of a 400 ms model (one running, one queued); one is killed mid-run.
+    The requests it held fail with ActorDiedError in the ingress, which sends them again: every request gets its
+    answer."""
+    repo = build_test_repository(tmp_path / "repo")  # Python-backend test models, `slow` among them
+    deploy(repo, replicas=2, multiplex=False, router="least_outstanding", replica_capacity=2, max_attempts=5,
+           retry_backoff_s=0.1, trusted_backends=["python"], models=["slow"], load_allowance_s=0.0)
+
+    async def run() -> tuple[list[httpx.Response], str]:
+        first: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        load = asyncio.create_task(_load(serve_url, 24, 4, 400.0, first))
+        victim = await asyncio.wait_for(first, 120.0)
+        # 4 clients keep both replicas full (capacity 2: one request running, one queued): the victim that just
+        # answered is running the next one and holds another
+        await asyncio.to_thread(_kill_replica, victim)
+        return await asyncio.wait_for(load, 240.0), victim
+
+    responses, victim = asyncio.run(run())
+    failed = [(r.status_code, r.text) for r in responses if r.status_code != 200]
+    assert not failed, failed[:5]
+    for i, r in enumerate(responses):
+        assert r.json()["outputs"][0]["data"] == [i]
+    stats = httpx.get(serve_url + STATS_PATH, timeout=30.0).json()
+    # the kill hit requests in flight on the victim, and every one of them was answered by another try
+    assert stats["replica_lost_retries"] >= 1 and stats["retries_exhausted"] == 0, stats
+    assert all(r.headers[REPLICA_HEADER] != victim for r in responses[-4:])  # the last ones: never the victim
+    # a request that outlives its own timeout gets one 504 (from the replica's deadline or the ingress's bound)
+    late = httpx.post(f"{serve_url}/v2/models/slow/infer", json=slow_body(99, 2000.0), timeout=60.0,
+                      headers={"x-request-timeout-ms": "300"})
+    assert late.status_code == 504 and late.json()["reason"] == "deadline_exceeded", late.text
+    after = httpx.post(f"{serve_url}/v2/models/slow/infer", json=slow_body(100, 0.0), timeout=60.0)
+    assert after.status_code == 200 and after.json()["outputs"][0]["data"] == [100]
