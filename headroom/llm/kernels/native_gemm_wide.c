@@ -68,8 +68,9 @@ T_AVX2 static inline __m256i dot16(__m256i lo, __m256i hi, const int16_t *x) {
 
 /* HR_ROW_Q with 16-bit activations (a->q16): each group of 8 blocks widened once for up to 64 rows; both SIMD
  * paths (integer sums are exact, so the path does not change a bit) */
-T_AVX2 static void row_q16_avx2(const hr_qtensor *w, const uint8_t *row, const hr_qact *a, float *y, int64_t ldy,
-                                int64_t n, int accumulate) {
+__attribute__((always_inline)) T_AVX2 static inline void row_q16_body(const hr_qtensor *w, const uint8_t *row,
+                                                                      const hr_qact *a, float *y, int64_t ldy,
+                                                                      int64_t n, int accumulate) {
     const int64_t k = w->cols, nb = k / HR_QK, bb = block_bytes(w->fmt), full = nb / 8 * 8;
     const int q41 = w->fmt == HR_Q4_1;
     for (int64_t i0 = 0; i0 < a->m; i0 += HR_M_TILE) {
@@ -109,6 +110,16 @@ T_AVX2 static void row_q16_avx2(const hr_qtensor *w, const uint8_t *row, const h
             *out = accumulate ? *out + v : v;
         }
     }
+}
+
+/* the same code for each SIMD path: compiled for AVX-512VL it keeps the 16 widened weight vectors in registers */
+T_AVX2 static void row_q16_avx2(const hr_qtensor *w, const uint8_t *row, const hr_qact *a, float *y, int64_t ldy,
+                                int64_t n, int accumulate) {
+    row_q16_body(w, row, a, y, ldy, n, accumulate);
+}
+T_VNNI static void row_q16_vnni(const hr_qtensor *w, const uint8_t *row, const hr_qact *a, float *y, int64_t ldy,
+                                int64_t n, int accumulate) {
+    row_q16_body(w, row, a, y, ldy, n, accumulate);
 }
 
 
@@ -228,7 +239,8 @@ void hr_gemm_rows_wide(const hr_qtensor *w, const hr_qact *a, float *y, int64_t 
         const uint8_t *row = w->data + n * rb;
 #if HR_X86
         if (isa != HR_ISA_SCALAR && a->q16) {
-            row_q16_avx2(w, row, a, y, ldy, n, accumulate);
+            if (isa == HR_ISA_AVX512VNNI) row_q16_vnni(w, row, a, y, ldy, n, accumulate);
+            else row_q16_avx2(w, row, a, y, ldy, n, accumulate);
             continue;
         }
 #endif
