@@ -67,7 +67,7 @@ static void quantize_row_t(const float *x, int64_t t, int64_t k, const act_bufs 
     const int64_t nb = k / HR_QK;
     if (bits == 32) return;
     if (bits == 16) hr_quantize_rows16(x + t * k, 1, k, b->q16 + t * k, b->d + t * nb, b->s + t * nb);
-    else hr_quantize_rows_isa(x + t * k, 1, k, b->q + t * k, b->d + t * nb, b->s + t * nb, b->qt + t * k, isa);
+    else hr_quantize_rows_isa(x + t * k, 1, k, b->q + t * k, b->d + t * nb, b->s + t * nb, b->qt + t * HR_QT_STRIDE(k), isa);
 }
 
 /* rows of src [T, k] -> an activation, split over the team (implicit barrier at the end) */
@@ -159,7 +159,7 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
     float *d = malloc((size_t)(T * wide / HR_QK + 1) * sizeof(float));
     float *s = malloc((size_t)(T * wide / HR_QK + 1) * sizeof(float)), *fin = malloc((size_t)(R * H) * sizeof(float));
     int64_t *slot = malloc((size_t)T * sizeof(int64_t));
-    int8_t *q8 = malloc((size_t)(T * wide)), *q8t = malloc((size_t)(T * wide));
+    int8_t *q8 = malloc((size_t)(T * wide)), *q8t = malloc((size_t)(T * HR_QT_STRIDE(wide)));
     int16_t *q16 = malloc((size_t)(T * wide) * sizeof(int16_t));
     int rc = 0;
     if (!h || !xn || !qb || !kb || !vb || !qr || !g || !u || !d || !s || !fin || !slot || !q8 || !q8t || !q16) {
