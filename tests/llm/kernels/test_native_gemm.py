@@ -11,7 +11,7 @@ from headroom.llm import quant_blocks as qb
 from headroom.llm.kernels.native_gemm import ISA_ENV, native_gemm, pack_tensor, resolve_isa, supported_isas
 
 # (M, N, K): ragged M and N (M past the 64-row tile), K with a block tail (K/32 not a multiple of 8)
-SHAPES = [(1, 1, 32), (3, 17, 96), (5, 33, 288), (8, 40, 576), (33, 7, 1056), (2, 19, 40), (70, 9, 288)]
+SHAPES = [(1, 1, 32), (1, 9, 96), (3, 17, 96), (5, 33, 288), (8, 40, 576), (33, 7, 1056), (2, 19, 40), (70, 9, 288)]
 
 
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "gguf-layout"])
