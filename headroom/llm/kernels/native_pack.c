@@ -124,30 +124,42 @@ __attribute__((always_inline)) T_VNNI static inline void rows_packed_m1(const hr
     for (int r = 0; r < nr; r++) store_out(y + n + r, acc[r], accumulate);
 }
 
-/* y[i, n] for packed weight row `prow` and every activation row i (transposed q8 values in a->qt): each group
- * unpacked once for up to HR_M_TILE rows */
-T_VNNI static void row_packed(const hr_qtensor *w, const uint8_t *prow, const hr_qact *a, float *y, int64_t ldy,
-                              int64_t n, int accumulate) {
+/* y[i, n .. n + nr - 1] for nr packed weight rows (rb bytes apart) and every activation row i (transposed q8 values in
+ * a->qt): each group unpacked once for up to HR_M_TILE rows, each activation vector loaded once for the nr rows */
+__attribute__((always_inline)) T_VNNI static inline void rows_packed(const hr_qtensor *w, const uint8_t *prow,
+                                                                    int64_t rb, const hr_qact *a, float *y,
+                                                                    int64_t ldy, int64_t n, int accumulate,
+                                                                    const int nr) {
     const int64_t k = w->cols, nb = k / HR_QK, gb = 8 * block_bytes(w->fmt), ldq = HR_QT_STRIDE(k);
     const int q41 = w->fmt == HR_Q4_1;
     for (int64_t i0 = 0; i0 < a->m; i0 += HR_M_TILE) {
         const int64_t i1 = i0 + HR_M_TILE < a->m ? i0 + HR_M_TILE : a->m;
-        __m256 acc[HR_M_TILE];
-        for (int64_t i = i0; i < i1; i++) acc[i - i0] = _mm256_setzero_ps();
+        __m256 acc[2][HR_M_TILE];
+        for (int r = 0; r < nr; r++)
+            for (int64_t i = i0; i < i1; i++) acc[r][i - i0] = _mm256_setzero_ps();
         for (int64_t g = 0; g * 8 < nb; g++) {
-            const uint8_t *gp = prow + g * gb;
             const int nt = nb - g * 8 >= 8 ? 8 : (int)(nb - g * 8);
             const __mmask8 mask = (__mmask8)((1u << nt) - 1);
-            __m256i wa[8], wv[8];
-            unpack_group(gp, w->fmt, nt, wa, wv);
+            __m256i wa[2][8], wv[2][8];
+            for (int r = 0; r < nr; r++) unpack_group(prow + r * rb + g * gb, w->fmt, nt, wa[r], wv[r]);
             for (int64_t i = i0; i < i1; i++) {
-                const __m256i isum = group_dot(wa, wv, a->qt + i * ldq + g * 8 * HR_QK, q41);
+                const int8_t *x = a->qt + i * ldq + g * 8 * HR_QK;
+                __m256i s[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()},
+                                   {_mm256_setzero_si256(), _mm256_setzero_si256()}};
+                for (int c = 0; c < 8; c++) {
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + c * HR_QK));
+                    for (int r = 0; r < nr; r++)
+                        s[r][c & 1] = _mm256_dpbusd_epi32(s[r][c & 1], wa[r][c], q41 ? xv : _mm256_sign_epi8(xv, wv[r][c]));
+                }
                 const __m256 dx = _mm256_maskz_loadu_ps(mask, a->d + i * nb + g * 8);
                 const __m256 sx = q41 ? _mm256_maskz_loadu_ps(mask, a->s + i * nb + g * 8) : _mm256_setzero_ps();
-                acc[i - i0] = group_fma(acc[i - i0], gp, q41, nt, isum, dx, sx);
+                for (int r = 0; r < nr; r++)
+                    acc[r][i - i0] = group_fma(acc[r][i - i0], prow + r * rb + g * gb, q41, nt,
+                                               _mm256_add_epi32(s[r][0], s[r][1]), dx, sx);
             }
         }
-        for (int64_t i = i0; i < i1; i++) store_out(y + i * ldy + n, acc[i - i0], accumulate);
+        for (int r = 0; r < nr; r++)
+            for (int64_t i = i0; i < i1; i++) store_out(y + i * ldy + n + r, acc[r][i - i0], accumulate);
     }
 }
 
@@ -160,7 +172,10 @@ T_VNNI static void gemm_packed_vnni(const hr_qtensor *w, const hr_qact *a, float
         for (; n < n1; n++) rows_packed_m1(w, w->packed + n * row, row, a, y, n, accumulate, 1);
         return;
     }
-    for (int64_t n = n0; n < n1; n++) row_packed(w, w->packed + n * row, a, y, ldy, n, accumulate);
+    int64_t n = n0;
+    if (w->fmt == HR_Q4_1) /* two rows' unsigned weights fit the registers (signed formats keep wv too) */
+        for (; n + 2 <= n1; n += 2) rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, 2);
+    for (; n < n1; n++) rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, 1);
 }
 #endif
 
