@@ -241,6 +241,55 @@ __attribute__((always_inline)) T_AVX2 static inline void cols_f32_avx2(const flo
     }
 }
 
+/* two dequantised weight rows (wf, wf + k) against NX activation rows from x (k apart): 2 x NX independent chains,
+ * each activation vector loaded once for both weight rows (dot_f32_avx2's order per output) */
+__attribute__((always_inline)) T_VNNI static inline void tile_f32_2x(const float *wf, const float *x, int64_t k,
+                                                                    float *out0, float *out1, const int nx) {
+    __m256 acc[2][4];
+    for (int r = 0; r < 4; r++) acc[0][r] = _mm256_setzero_ps(), acc[1][r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < k; c += 8) {
+        const __m256 w0 = _mm256_loadu_ps(wf + c), w1 = _mm256_loadu_ps(wf + k + c);
+        for (int r = 0; r < nx; r++) {
+            const __m256 xv = _mm256_loadu_ps(x + r * k + c);
+            acc[0][r] = _mm256_add_ps(acc[0][r], _mm256_mul_ps(xv, w0));
+            acc[1][r] = _mm256_add_ps(acc[1][r], _mm256_mul_ps(xv, w1));
+        }
+    }
+    for (int r = 0; r < nx; r++) {
+        float l[8];
+        _mm256_storeu_ps(l, acc[0][r]);
+        out0[r] = lane_sum8(l);
+        _mm256_storeu_ps(l, acc[1][r]);
+        out1[r] = lane_sum8(l);
+    }
+}
+
+/* several activation rows on the VNNI path (32 vector registers): weight rows two at a time, dequantised once into
+ * wf, against four activation rows at a time; returns the first row it left (n1 unless a pair did not fit) */
+T_VNNI static int64_t gemm_f32_pairs(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate,
+                                     int64_t n0, int64_t n1, float *wf) {
+    const int64_t k = w->cols, rb = hr_row_bytes(w->fmt, k);
+    if (2 * k > HR_MAX_COLS) return n0;
+    int64_t n = n0;
+    for (; n + 2 <= n1; n += 2) {
+        dequantize_row_avx2(w, w->data + n * rb, wf);
+        dequantize_row_avx2(w, w->data + (n + 1) * rb, wf + k);
+        for (int64_t i = 0; i < a->m;) {
+            float v0[4], v1[4];
+            const int nx = a->m - i >= 4 ? 4 : 1;
+            if (nx == 4) tile_f32_2x(wf, a->x + i * k, k, v0, v1, 4);
+            else tile_f32_2x(wf, a->x + i * k, k, v0, v1, 1);
+            for (int r = 0; r < nx; r++) {
+                float *o = y + (i + r) * ldy + n;
+                o[0] = accumulate ? o[0] + v0[r] : v0[r];
+                o[1] = accumulate ? o[1] + v1[r] : v1[r];
+            }
+            i += nx;
+        }
+    }
+    return n;
+}
+
 /* rows [n0, n1) for every activation row, fp32 activations: one row, four weight rows at a time, dequantised in
  * registers; more rows: each weight row dequantised once into wf, four activation rows at a time */
 T_AVX2 static void gemm_f32_avx2(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate,
@@ -286,6 +335,7 @@ void hr_gemm_rows_wide(const hr_qtensor *w, const hr_qact *a, float *y, int64_t 
         gemm_f32_lut(w, a->x, y, accumulate, n0, n1);
         return;
     }
+    if (isa == HR_ISA_AVX512VNNI && !a->q16 && a->m > 1) n0 = gemm_f32_pairs(w, a, y, ldy, accumulate, n0, n1, wf);
     if (isa != HR_ISA_SCALAR && !a->q16) {
         gemm_f32_avx2(w, a, y, ldy, accumulate, n0, n1, wf);
         return;
