@@ -148,8 +148,10 @@ __attribute__((always_inline)) T_VNNI static inline void rows_packed(const hr_qt
                                    {_mm256_setzero_si256(), _mm256_setzero_si256()}};
                 for (int c = 0; c < 8; c++) {
                     const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + c * HR_QK));
-                    for (int r = 0; r < nr; r++)
-                        s[r][c & 1] = _mm256_dpbusd_epi32(s[r][c & 1], wa[r][c], q41 ? xv : _mm256_sign_epi8(xv, wv[r][c]));
+                    for (int r = 0; r < nr; r++) {
+                        const __m256i xs = q41 ? xv : _mm256_sign_epi8(xv, wv[r][c]);
+                        s[r][c & 1] = _mm256_dpbusd_epi32(s[r][c & 1], wa[r][c], xs);
+                    }
                 }
                 const __m256 dx = _mm256_maskz_loadu_ps(mask, a->d + i * nb + g * 8);
                 const __m256 sx = q41 ? _mm256_maskz_loadu_ps(mask, a->s + i * nb + g * 8) : _mm256_setzero_ps();

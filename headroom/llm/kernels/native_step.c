@@ -148,6 +148,22 @@ static void silu_quantize_team(float *g, const float *u, float *mine, int64_t T,
     for (int64_t t = 0; t < T; t++) silu_mul(g + t * k, g + t * k, u + t * k, k, isa);
 }
 
+/* token t's heads of K/V group kh: the biases, RoPE of its q heads into qr and of its k head into the cache at `slot`,
+ * its v head into the cache */
+static void rope_group(const hr_native_model *m, const hr_native_layer *ly, int64_t t, int64_t kh, int64_t pos,
+                       int64_t slot, float *qb, float *kb, float *vb, float *qr) {
+    const int64_t D = m->head_dim, hd = m->num_heads * D, kvd = m->num_kv_heads * D;
+    const int64_t group = m->num_heads / m->num_kv_heads;
+    float *qt = qb + t * hd, *kt = kb + t * kvd, *vt = vb + t * kvd;
+    const float *c = m->cos_table + pos * D, *sn = m->sin_table + pos * D;
+    for (int64_t i = kh * group * D; ly->q_bias && i < (kh + 1) * group * D; i++) qt[i] = qt[i] + ly->q_bias[i];
+    for (int64_t i = kh * D; ly->k_bias && i < (kh + 1) * D; i++) kt[i] = kt[i] + ly->k_bias[i];
+    for (int64_t i = kh * D; ly->v_bias && i < (kh + 1) * D; i++) vt[i] = vt[i] + ly->v_bias[i];
+    for (int64_t hh = kh * group; hh < (kh + 1) * group; hh++) rope_row(qt + hh * D, c, sn, qr + t * hd + hh * D, D);
+    rope_row(kt + kh * D, c, sn, ly->k_cache + (kh * m->num_slots + slot) * D, D);
+    memcpy(ly->v_cache + (kh * m->num_slots + slot) * D, vt + kh * D, (size_t)D * sizeof(float));
+}
+
 static int check_step(const hr_native_model *m, int64_t T, const int64_t *ids, const int64_t *pos,
                       const int64_t *seq_of, int64_t num_seqs, const int64_t *tables, int64_t max_blocks,
                       const int64_t *logit_rows, int64_t num_logits, int64_t isa) {
@@ -188,10 +204,11 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
     const int64_t nbw = aw / HR_QK + 1, qtw = TR * HR_QT_STRIDE(wide);
     float *d = malloc((size_t)(copies * nbw) * sizeof(float)), *s = malloc((size_t)(copies * nbw) * sizeof(float));
     int64_t *slot = malloc((size_t)T * sizeof(int64_t));
+    unsigned char *seen = calloc((size_t)num_seqs, 1);
     int8_t *q8 = malloc((size_t)(copies * aw)), *q8t = malloc((size_t)(copies * qtw));
     int16_t *q16 = malloc((size_t)(copies * aw) * sizeof(int16_t));
     int rc = 0;
-    if (!h || !xn || !qb || !kb || !vb || !qr || !g || !u || !d || !s || !slot || !q8 || !q8t || !q16) {
+    if (!h || !xn || !qb || !kb || !vb || !qr || !g || !u || !d || !s || !slot || !seen || !q8 || !q8t || !q16) {
         rc = -1;
         goto done;
     }
@@ -205,6 +222,10 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
             }
     }
     for (int64_t t = 0; t < T; t++) slot[t] = tables[seq_of[t] * max_blocks + pos[t] / bs] * bs + pos[t] % bs;
+    /* every token its sequence's only one in the step (decode): a query then needs no other token's K/V of this step,
+     * so each attention task writes its own token's K/V first (one barrier less per layer) */
+    int own = 1;
+    for (int64_t t = 0; t < T; t++) own = own && !seen[seq_of[t]]++;
     const float scale = 1.0f / sqrtf((float)D);
     const int vec = isa != HR_ISA_SCALAR && hr_has_avx2() && D % 8 == 0;
 #pragma omp parallel num_threads((int)num_threads)
@@ -222,23 +243,16 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
             hr_gemm_team(&ly->k, &a, kb, kvd, 0, isa);
             hr_gemm_team(&ly->v, &a, vb, kvd, 0, isa);
 #pragma omp barrier
+            if (!own) {
 #pragma omp for schedule(static)
-            for (int64_t t = 0; t < T; t++) {
-                float *qt = qb + t * hd, *kt = kb + t * kvd, *vt = vb + t * kvd;
-                const float *c = m->cos_table + pos[t] * D, *sn = m->sin_table + pos[t] * D;
-                for (int64_t i = 0; ly->q_bias && i < hd; i++) qt[i] = qt[i] + ly->q_bias[i];
-                for (int64_t i = 0; ly->k_bias && i < kvd; i++) kt[i] = kt[i] + ly->k_bias[i];
-                for (int64_t i = 0; ly->v_bias && i < kvd; i++) vt[i] = vt[i] + ly->v_bias[i];
-                for (int64_t hh = 0; hh < nh; hh++) rope_row(qt + hh * D, c, sn, qr + t * hd + hh * D, D);
-                for (int64_t hh = 0; hh < nkv; hh++) {
-                    rope_row(kt + hh * D, c, sn, ly->k_cache + (hh * m->num_slots + slot[t]) * D, D);
-                    memcpy(ly->v_cache + (hh * m->num_slots + slot[t]) * D, vt + hh * D, (size_t)D * sizeof(float));
-                }
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t kh = 0; kh < nkv; kh++) rope_group(m, ly, t, kh, pos[t], slot[t], qb, kb, vb, qr);
             }
-            /* every K/V of the step is written (the barrier above) before any query attends */
+            /* every K/V of the step is written (the barrier above, or this task's own) before any query attends */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t task = 0; task < T * nkv; task++) {
                 const int64_t t = task / nkv, kh = task % nkv;
+                if (own) rope_group(m, ly, t, kh, pos[t], slot[t], qb, kb, vb, qr);
                 hr_attend_one(qr + t * hd + kh * group * D, ly->k_cache + kh * m->num_slots * D,
                               ly->v_cache + kh * m->num_slots * D, tables + seq_of[t] * max_blocks, pos[t] + 1, bs,
                               group, D, scale, qb + t * hd + kh * group * D, vec);
@@ -261,6 +275,6 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
     }
 done:
     free(h), free(xn), free(qb), free(kb), free(vb), free(qr), free(g), free(u), free(d), free(s);
-    free(slot), free(q8), free(q8t), free(q16);
+    free(slot), free(seen), free(q8), free(q8t), free(q16);
     return rc;
 }
