@@ -11,9 +11,10 @@
  * the same order: v = (d_w * d_x) * (float)isum [+ m_w * s_x], lane b % 8 += v, then the fixed lane tree. The SIMD
  * paths read a weight row straight from the GGUF bytes, 8 blocks at a time unpacked into registers (d and m in one
  * gather) and used for up to 64 activation rows before the next 8, so each weight block is streamed from memory once
- * per call. With >= 2 activation rows the VNNI path also transposes each 8-block group (weights in registers, the
- * activations once at quantisation, native_quant.c) so that lane l of the vpdpbusd accumulator IS block l's sum:
- * no horizontal reduction (measured ~15% less CPU time at M = 8..64). Output rows are split over the OpenMP team in
+ * per call. A weight with a packed layout (hr_qtensor.packed, native_pack.c: groups pre-transposed at load) runs
+ * hr_gemm_rows_packed on the VNNI path; without one, with >= 2 activation rows the VNNI path transposes each 8-block
+ * group in registers (the activations once at quantisation, native_quant.c) so that lane l of the vpdpbusd
+ * accumulator IS block l's sum: no horizontal reduction. Output rows are split over the OpenMP team in
  * static chunks, so a result never depends on M, on the other rows, or on the thread count.
  */
 #include <math.h>
