@@ -18,17 +18,21 @@
 enum { HR_F32 = 0, HR_F16 = 1, HR_Q4_0 = 2, HR_Q4_1 = 3, HR_Q8_0 = 4 };       /* weight formats */
 enum { HR_ISA_SCALAR = 0, HR_ISA_AVX2 = 1, HR_ISA_AVX512VNNI = 2, HR_ISA_COUNT = 3 }; /* kernel paths */
 #define HR_QK 32                                                                /* values per block */
+/* bytes per row of hr_qact.qt: every group of 8 blocks transposed, the tail group padded with zero blocks */
+#define HR_QT_STRIDE(k) ((((k) / HR_QK + 7) / 8) * 8 * HR_QK)
 
 typedef struct {
     int64_t fmt;         /* HR_F32 ... HR_Q8_0 */
     int64_t rows, cols;  /* out x in */
     const uint8_t *data; /* rows * row_bytes, row-major (GGUF layout) */
+    const uint8_t *packed; /* NULL, or the same weights in the VNNI path's layout (hr_pack_tensor, native_pack.c) */
 } hr_qtensor;
 
 typedef struct {
     const float *x; /* [m, k] fp32 (F16/F32 weights read it directly) */
     int8_t *q;      /* [m, k] quantised values */
-    int8_t *qt;     /* NULL, or q with each group of 8 full blocks transposed (AVX-512 VNNI path, m >= 2) */
+    int8_t *qt;     /* NULL, or [m, HR_QT_STRIDE(k)]: q with each group of 8 blocks transposed, the tail group padded
+                       with zero blocks (AVX-512 VNNI path) */
     int16_t *q16;   /* NULL, or [m, k] 16-bit values: then block-format weights use these, not q (d, s match) */
     float *d, *s;   /* [m, k / 32] block scale and d * sum(q) */
     int64_t m, k;
@@ -51,6 +55,9 @@ void hr_gemm_team(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, 
 int hr_check_tensor(const hr_qtensor *w, int64_t isa);
 /* row r of w as fp32 [w->cols] (q * d, + m for Q4_1) */
 void hr_dequantize_row(const hr_qtensor *w, int64_t r, float *out);
+/* rows [n0, n1) of y from w->packed (VNNI path, 8-bit activations with a->qt; native_pack.c) */
+void hr_gemm_rows_packed(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate, int64_t n0,
+                         int64_t n1);
 /* fp32 value of one fp16 (exact) */
 float hr_f16_to_f32(uint16_t h);
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from headroom.llm.config import DecoderConfig
-from headroom.llm.kernels.native_gemm import ISA_NAMES, CQTensor, c_qtensor, resolve_isa
+from headroom.llm.kernels.native_gemm import ISA_NAMES, CQTensor, c_qtensor, pack_tensor, resolve_isa
 from headroom.llm.model import Rotary
 from headroom.llm.quant_blocks import QK, QTensor
 
@@ -190,10 +190,10 @@ class NativeStepKernel:
         layers = (NativeLayer * cfg.num_hidden_layers)()
         for i, ly in enumerate(weights.layers):
             k_cache, v_cache = kv_caches[i]
+            q8 = [self._packed(lib, t) for t in (ly.q, ly.k, ly.v, ly.o, ly.gate, ly.up)]  # 8-bit inputs
             layers[i] = NativeLayer(
                 self._f32(ly.input_norm), self._f32(ly.post_norm), self._f32(ly.q_bias), self._f32(ly.k_bias),
-                self._f32(ly.v_bias), c_qtensor(ly.q), c_qtensor(ly.k), c_qtensor(ly.v), c_qtensor(ly.o),
-                c_qtensor(ly.gate), c_qtensor(ly.up), c_qtensor(ly.down), k_cache.data_ptr(), v_cache.data_ptr(),
+                self._f32(ly.v_bias), *q8, c_qtensor(ly.down), k_cache.data_ptr(), v_cache.data_ptr(),
             )  # fmt: skip
         self._layers = layers
         self._model = NativeModel(
@@ -205,6 +205,13 @@ class NativeStepKernel:
         self._fn = lib.hr_native_step
         self._fn.argtypes = [ctypes.POINTER(NativeModel), _I, _P, _P, _P, _I, _P, _I, _P, _I, _P, _I, _I]
         self._fn.restype = ctypes.c_int
+
+    def _packed(self, lib: ctypes.CDLL, t: QTensor) -> CQTensor:
+        """The C view of a linear with 8-bit inputs, with its packed layout where this path has one (one pass
+        over the bytes at load, ~the GGUF's size: native_pack.c)."""
+        packed = pack_tensor(lib, t, self.isa)
+        self._keep.append(packed)
+        return c_qtensor(t, packed)
 
     def _f32(self, a: np.ndarray | torch.Tensor | None) -> int:
         if a is None:

@@ -11,9 +11,10 @@
  * the same order: v = (d_w * d_x) * (float)isum [+ m_w * s_x], lane b % 8 += v, then the fixed lane tree. The SIMD
  * paths read a weight row straight from the GGUF bytes, 8 blocks at a time unpacked into registers (d and m in one
  * gather) and used for up to 64 activation rows before the next 8, so each weight block is streamed from memory once
- * per call. With >= 2 activation rows the VNNI path also transposes each 8-block group (weights in registers, the
- * activations once at quantisation, native_quant.c) so that lane l of the vpdpbusd accumulator IS block l's sum:
- * no horizontal reduction (measured ~15% less CPU time at M = 8..64). Output rows are split over the OpenMP team in
+ * per call. A weight with a packed layout (hr_qtensor.packed, native_pack.c: groups pre-transposed at load) runs
+ * hr_gemm_rows_packed on the VNNI path; without one, with >= 2 activation rows the VNNI path transposes each 8-block
+ * group in registers (the activations once at quantisation, native_quant.c) so that lane l of the vpdpbusd
+ * accumulator IS block l's sum: no horizontal reduction. Output rows are split over the OpenMP team in
  * static chunks, so a result never depends on M, on the other rows, or on the thread count.
  */
 #include <math.h>
@@ -99,7 +100,7 @@ T_AVX2 static void unpack_plain_avx2(const hr_qtensor *w, const uint8_t *row, fl
 
 /* y[i, n] for one block-format weight row (raw bytes) and every activation row i: weights streamed straight from
  * the row, each group of 8 blocks unpacked into registers once and used for all rows; the ops of dot_q_scalar. */
-#define HR_ROW_Q(NAME, TARGET, PREP, GROUP, XS, DOT)                                                                \
+#define HR_ROW_Q(NAME, TARGET, PREP, GROUP, XS, LDX, DOT)                                                                \
     TARGET static void NAME(const hr_qtensor *w, const uint8_t *row, const hr_qact *a, float *y, int64_t ldy,       \
                             int64_t n, int accumulate) {                                                           \
         const int64_t k = w->cols, nb = k / HR_QK, bb = block_bytes(w->fmt), full = nb / 8 * 8;                  \
@@ -119,7 +120,7 @@ T_AVX2 static void unpack_plain_avx2(const hr_qtensor *w, const uint8_t *row, fl
                 __m256 dw, mw;                                                                                     \
                 load_scales(g, bb, &dw, &mw);                                                                      \
                 for (int64_t i = i0; i < i1; i++) {                                                                \
-                    const int8_t *x = a->XS + i * k + b * HR_QK;                                                   \
+                    const int8_t *x = a->XS + i * LDX + b * HR_QK;                                                   \
                     __m256 v = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(a->d + i * nb + b)),                \
                                              _mm256_cvtepi32_ps(GROUP(wa, wv, x, q41)));                           \
                     if (q41) v = _mm256_add_ps(v, _mm256_mul_ps(mw, _mm256_loadu_ps(a->s + i * nb + b)));          \
@@ -172,9 +173,9 @@ T_VNNI static inline __m256i group_vnni_t(const __m256i *wa, const __m256i *wv, 
 
 #define HR_NO_PREP(wa, wv, q41) (void)0
 #define HR_TRANSPOSE_PREP(wa, wv, q41) (transpose8(wa), (q41) ? (void)0 : transpose8(wv))
-HR_ROW_Q(row_q_avx2, T_AVX2, HR_NO_PREP, group_avx2, q, HR_DOT_AVX2)
-HR_ROW_Q(row_q_vnni, T_VNNI, HR_NO_PREP, group_vnni, q, HR_DOT_VNNI)
-HR_ROW_Q(row_q_vnni_t, T_VNNI, HR_TRANSPOSE_PREP, group_vnni_t, qt, HR_DOT_VNNI)
+HR_ROW_Q(row_q_avx2, T_AVX2, HR_NO_PREP, group_avx2, q, k, HR_DOT_AVX2)
+HR_ROW_Q(row_q_vnni, T_VNNI, HR_NO_PREP, group_vnni, q, k, HR_DOT_VNNI)
+HR_ROW_Q(row_q_vnni_t, T_VNNI, HR_TRANSPOSE_PREP, group_vnni_t, qt, HR_QT_STRIDE(k), HR_DOT_VNNI)
 #endif
 
 /* rows [n0, n1) of y for every activation row, on path `isa` */
@@ -184,6 +185,10 @@ static void gemm_rows(const hr_qtensor *w, const hr_qact *a, float *y, int64_t l
     const int plain = w->fmt == HR_F32 || w->fmt == HR_F16, q41 = w->fmt == HR_Q4_1;
     if (!plain && (a->q16 || !a->q)) {
         hr_gemm_rows_wide(w, a, y, ldy, accumulate, isa, n0, n1, wf);
+        return;
+    }
+    if (!plain && isa == HR_ISA_AVX512VNNI && w->packed && a->qt) {
+        hr_gemm_rows_packed(w, a, y, ldy, accumulate, n0, n1);
         return;
     }
     for (int64_t n = n0; n < n1; n++) {
@@ -246,7 +251,7 @@ int hr_native_gemm(const hr_qtensor *w, const float *x, int64_t m, float *y, int
     int16_t *q16 = NULL;
     float *d = NULL, *s = NULL;
     if (w->fmt != HR_F32 && w->fmt != HR_F16 && act_bits != 32) {
-        q = malloc((size_t)(m * k) + 1), qt = malloc((size_t)(m * k) + 1);
+        q = malloc((size_t)(m * k) + 1), qt = malloc((size_t)(m * HR_QT_STRIDE(k)) + 1);
         q16 = malloc((size_t)(m * k + 1) * sizeof(int16_t));
         d = malloc((size_t)(m * nb + 1) * sizeof(float)), s = malloc((size_t)(m * nb + 1) * sizeof(float));
         if (!q || !qt || !q16 || !d || !s) {

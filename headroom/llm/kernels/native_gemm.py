@@ -27,14 +27,31 @@ _I = ctypes.c_int64
 class CQTensor(ctypes.Structure):
     """`hr_qtensor`: one weight matrix's format, shape and bytes."""
 
-    _fields_ = [("fmt", _I), ("rows", _I), ("cols", _I), ("data", ctypes.c_void_p)]
+    _fields_ = [("fmt", _I), ("rows", _I), ("cols", _I), ("data", ctypes.c_void_p), ("packed", ctypes.c_void_p)]
 
 
-def c_qtensor(t: QTensor) -> CQTensor:
-    """The C view of a QTensor (its `data` must outlive the view)."""
+def c_qtensor(t: QTensor, packed: np.ndarray | None = None) -> CQTensor:
+    """The C view of a QTensor (its `data`, and `packed` from `pack_tensor`, must outlive the view)."""
     if t.cols > MAX_COLS:
         raise ValueError(f"native kernels take at most {MAX_COLS} input features, got {t.cols}")
-    return CQTensor(FORMAT_CODES[t.fmt], t.rows, t.cols, t.data.ctypes.data)
+    packed_ptr = None if packed is None else packed.ctypes.data
+    return CQTensor(FORMAT_CODES[t.fmt], t.rows, t.cols, t.data.ctypes.data, packed_ptr)
+
+
+def pack_tensor(lib: ctypes.CDLL, t: QTensor, isa: str) -> np.ndarray | None:
+    """`t`'s blocks in the layout the `isa` path reads fastest (native_pack.c: AVX-512 VNNI, Q4_0 / Q4_1 / Q8_0;
+    the same byte count, one pass), or None where the path reads the GGUF layout directly."""
+    size_fn = lib.hr_packed_bytes
+    size_fn.argtypes, size_fn.restype = [_I, _I, _I], _I
+    size = size_fn(FORMAT_CODES[t.fmt], t.rows, t.cols)
+    if isa != "avx512vnni" or size < 0:
+        return None
+    out = np.empty(size, dtype=np.uint8)
+    fn = lib.hr_pack_tensor
+    fn.argtypes, fn.restype = [ctypes.POINTER(CQTensor), ctypes.c_void_p], ctypes.c_int
+    if fn(ctypes.byref(c_qtensor(t)), out.ctypes.data) != 0:
+        raise ValueError(f"hr_pack_tensor refused {t.fmt} {t.rows}x{t.cols}")
+    return out
 
 
 def supported_isas(lib: ctypes.CDLL) -> tuple[str, ...]:
@@ -58,15 +75,16 @@ def resolve_isa(lib: ctypes.CDLL, requested: str | None = None, env: Mapping[str
 
 
 def native_gemm(
-    lib: ctypes.CDLL, w: QTensor, x: np.ndarray, isa: str, num_threads: int = 1, act_bits: int = 8
+    lib: ctypes.CDLL, w: QTensor, x: np.ndarray, isa: str, num_threads: int = 1, act_bits: int = 8, pack: bool = True
 ) -> np.ndarray:
     """y [M, w.rows] = x [M, w.cols] @ W^T on path `isa` with `act_bits` (8, 16 or 32 = fp32) block activations
-    (bit-identical to quant_blocks.reference_matmul)."""
+    (bit-identical to quant_blocks.reference_matmul); `pack`: give the path its packed layout (pack_tensor)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != w.cols:
         raise ValueError(f"x must be [M, {w.cols}], got {x.shape}")
     y = np.empty((x.shape[0], w.rows), dtype=np.float32)
-    spec = c_qtensor(w)
+    packed = pack_tensor(lib, w, isa) if pack else None
+    spec = c_qtensor(w, packed)
     fn = lib.hr_native_gemm
     fn.argtypes = [ctypes.POINTER(CQTensor), ctypes.c_void_p, _I, ctypes.c_void_p, _I, _I, _I]
     fn.restype = ctypes.c_int

@@ -68,8 +68,9 @@ T_AVX2 static inline __m256i dot16(__m256i lo, __m256i hi, const int16_t *x) {
 
 /* HR_ROW_Q with 16-bit activations (a->q16): each group of 8 blocks widened once for up to 64 rows; both SIMD
  * paths (integer sums are exact, so the path does not change a bit) */
-T_AVX2 static void row_q16_avx2(const hr_qtensor *w, const uint8_t *row, const hr_qact *a, float *y, int64_t ldy,
-                                int64_t n, int accumulate) {
+__attribute__((always_inline)) T_AVX2 static inline void row_q16_body(const hr_qtensor *w, const uint8_t *row,
+                                                                      const hr_qact *a, float *y, int64_t ldy,
+                                                                      int64_t n, int accumulate) {
     const int64_t k = w->cols, nb = k / HR_QK, bb = block_bytes(w->fmt), full = nb / 8 * 8;
     const int q41 = w->fmt == HR_Q4_1;
     for (int64_t i0 = 0; i0 < a->m; i0 += HR_M_TILE) {
@@ -109,6 +110,16 @@ T_AVX2 static void row_q16_avx2(const hr_qtensor *w, const uint8_t *row, const h
             *out = accumulate ? *out + v : v;
         }
     }
+}
+
+/* the same code for each SIMD path: compiled for AVX-512VL it keeps the 16 widened weight vectors in registers */
+T_AVX2 static void row_q16_avx2(const hr_qtensor *w, const uint8_t *row, const hr_qact *a, float *y, int64_t ldy,
+                                int64_t n, int accumulate) {
+    row_q16_body(w, row, a, y, ldy, n, accumulate);
+}
+T_VNNI static void row_q16_vnni(const hr_qtensor *w, const uint8_t *row, const hr_qact *a, float *y, int64_t ldy,
+                                int64_t n, int accumulate) {
+    row_q16_body(w, row, a, y, ldy, n, accumulate);
 }
 
 
@@ -163,6 +174,58 @@ __attribute__((always_inline)) T_AVX2 static inline void rows_f32_avx2(const hr_
     }
 }
 
+/* rows_f32_avx2 for Q4_0 / Q4_1 on the VNNI path (AVX-512VL): each block's 16 possible values n * d [+ m] are built
+ * once (the same two rounded ops per value as dequantize), then every weight is a vpermt2ps lookup indexed by its
+ * raw nibble (the index's bits above 3 are ignored, so the low half needs no mask and the high half one shift) */
+__attribute__((always_inline)) T_VNNI static inline void rows_f32_lut(const hr_qtensor *w, const uint8_t *row,
+                                                                     int64_t rb, const float *x, float *out,
+                                                                     const int nr) {
+    const int64_t nb = w->cols / HR_QK, bb = block_bytes(w->fmt), q41 = w->fmt == HR_Q4_1;
+    const __m256 lo_n = q41 ? _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7) : _mm256_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1);
+    const __m256 hi_n = q41 ? _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15) : _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        __m256 xv[4];
+        for (int j = 0; j < 4; j++) xv[j] = _mm256_loadu_ps(x + b * HR_QK + 8 * j);
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *blk = row + r * rb + b * bb, *qs = blk + (q41 ? 4 : 2);
+            uint16_t h;
+            memcpy(&h, blk, 2);
+            const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+            __m256 lo = _mm256_mul_ps(lo_n, d), hi = _mm256_mul_ps(hi_n, d);
+            if (q41) {
+                memcpy(&h, blk + 2, 2);
+                const __m256 m = _mm256_set1_ps(_cvtsh_ss(h));
+                lo = _mm256_add_ps(lo, m), hi = _mm256_add_ps(hi, m);
+            }
+            const __m256i i0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
+            const __m256i i1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
+            const __m256i idx[4] = {i0, i1, _mm256_srli_epi32(i0, 4), _mm256_srli_epi32(i1, 4)};
+            for (int j = 0; j < 4; j++)
+                acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(xv[j], _mm256_permutex2var_ps(lo, idx[j], hi)));
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        float l[8];
+        _mm256_storeu_ps(l, acc[r]);
+        out[r] = lane_sum8(l);
+    }
+}
+
+/* one fp32 activation row against Q4 rows [n0, n1) with rows_f32_lut, four weight rows at a time */
+T_VNNI static void gemm_f32_lut(const hr_qtensor *w, const float *x, float *y, int accumulate, int64_t n0,
+                                int64_t n1) {
+    const int64_t rb = hr_row_bytes(w->fmt, w->cols);
+    for (int64_t n = n0; n < n1;) {
+        float v[4];
+        const int nr = n1 - n >= 4 ? 4 : 1;
+        if (nr == 4) rows_f32_lut(w, w->data + n * rb, rb, x, v, 4);
+        else rows_f32_lut(w, w->data + n * rb, rb, x, v, 1);
+        for (int r = 0; r < nr; r++) y[n + r] = accumulate ? y[n + r] + v[r] : v[r];
+        n += nr;
+    }
+}
+
 /* one dequantised row wf against activation rows i0 .. i0 + NR - 1 (independent chains), dot_f32_avx2's order */
 __attribute__((always_inline)) T_AVX2 static inline void cols_f32_avx2(const float *wf, const float *x, int64_t k,
                                                                       float *out, const int nr) {
@@ -176,6 +239,55 @@ __attribute__((always_inline)) T_AVX2 static inline void cols_f32_avx2(const flo
         _mm256_storeu_ps(l, acc[r]);
         out[r] = lane_sum8(l);
     }
+}
+
+/* two dequantised weight rows (wf, wf + k) against NX activation rows from x (k apart): 2 x NX independent chains,
+ * each activation vector loaded once for both weight rows (dot_f32_avx2's order per output) */
+__attribute__((always_inline)) T_VNNI static inline void tile_f32_2x(const float *wf, const float *x, int64_t k,
+                                                                    float *out0, float *out1, const int nx) {
+    __m256 acc[2][4];
+    for (int r = 0; r < 4; r++) acc[0][r] = _mm256_setzero_ps(), acc[1][r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < k; c += 8) {
+        const __m256 w0 = _mm256_loadu_ps(wf + c), w1 = _mm256_loadu_ps(wf + k + c);
+        for (int r = 0; r < nx; r++) {
+            const __m256 xv = _mm256_loadu_ps(x + r * k + c);
+            acc[0][r] = _mm256_add_ps(acc[0][r], _mm256_mul_ps(xv, w0));
+            acc[1][r] = _mm256_add_ps(acc[1][r], _mm256_mul_ps(xv, w1));
+        }
+    }
+    for (int r = 0; r < nx; r++) {
+        float l[8];
+        _mm256_storeu_ps(l, acc[0][r]);
+        out0[r] = lane_sum8(l);
+        _mm256_storeu_ps(l, acc[1][r]);
+        out1[r] = lane_sum8(l);
+    }
+}
+
+/* several activation rows on the VNNI path (32 vector registers): weight rows two at a time, dequantised once into
+ * wf, against four activation rows at a time; returns the first row it left (n1 unless a pair did not fit) */
+T_VNNI static int64_t gemm_f32_pairs(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate,
+                                     int64_t n0, int64_t n1, float *wf) {
+    const int64_t k = w->cols, rb = hr_row_bytes(w->fmt, k);
+    if (2 * k > HR_MAX_COLS) return n0;
+    int64_t n = n0;
+    for (; n + 2 <= n1; n += 2) {
+        dequantize_row_avx2(w, w->data + n * rb, wf);
+        dequantize_row_avx2(w, w->data + (n + 1) * rb, wf + k);
+        for (int64_t i = 0; i < a->m;) {
+            float v0[4], v1[4];
+            const int nx = a->m - i >= 4 ? 4 : 1;
+            if (nx == 4) tile_f32_2x(wf, a->x + i * k, k, v0, v1, 4);
+            else tile_f32_2x(wf, a->x + i * k, k, v0, v1, 1);
+            for (int r = 0; r < nx; r++) {
+                float *o = y + (i + r) * ldy + n;
+                o[0] = accumulate ? o[0] + v0[r] : v0[r];
+                o[1] = accumulate ? o[1] + v1[r] : v1[r];
+            }
+            i += nx;
+        }
+    }
+    return n;
 }
 
 /* rows [n0, n1) for every activation row, fp32 activations: one row, four weight rows at a time, dequantised in
@@ -219,6 +331,11 @@ void hr_gemm_rows_wide(const hr_qtensor *w, const hr_qact *a, float *y, int64_t 
                        int64_t n0, int64_t n1, float *wf) {
     const int64_t k = w->cols, rb = hr_row_bytes(w->fmt, k);
 #if HR_X86
+    if (isa == HR_ISA_AVX512VNNI && !a->q16 && a->m == 1 && w->fmt != HR_Q8_0) {
+        gemm_f32_lut(w, a->x, y, accumulate, n0, n1);
+        return;
+    }
+    if (isa == HR_ISA_AVX512VNNI && !a->q16 && a->m > 1) n0 = gemm_f32_pairs(w, a, y, ldy, accumulate, n0, n1, wf);
     if (isa != HR_ISA_SCALAR && !a->q16) {
         gemm_f32_avx2(w, a, y, ldy, accumulate, n0, n1, wf);
         return;
@@ -228,7 +345,8 @@ void hr_gemm_rows_wide(const hr_qtensor *w, const hr_qact *a, float *y, int64_t 
         const uint8_t *row = w->data + n * rb;
 #if HR_X86
         if (isa != HR_ISA_SCALAR && a->q16) {
-            row_q16_avx2(w, row, a, y, ldy, n, accumulate);
+            if (isa == HR_ISA_AVX512VNNI) row_q16_vnni(w, row, a, y, ldy, n, accumulate);
+            else row_q16_avx2(w, row, a, y, ldy, n, accumulate);
             continue;
         }
 #endif

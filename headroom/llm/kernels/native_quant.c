@@ -93,15 +93,17 @@ T_AVX2 static void quantize_rows_avx2(const float *x, int64_t m, int64_t k, int8
 #endif
 
 #if HR_X86
-/* qt = q with every full group of 8 blocks transposed (transpose8); tail blocks are left out */
+/* qt = q with every group of 8 blocks transposed (transpose8), rows HR_QT_STRIDE(k) apart; the tail group is
+ * padded with zero blocks */
 T_AVX2 static void transpose_groups(const int8_t *q, int8_t *qt, int64_t m, int64_t k) {
-    const int64_t groups = k / HR_QK / 8;
+    const int64_t nb = k / HR_QK, groups = (nb + 7) / 8;
     for (int64_t i = 0; i < m; i++)
         for (int64_t g = 0; g < groups; g++) {
             const int8_t *src = q + i * k + g * 8 * HR_QK;
-            int8_t *dst = qt + i * k + g * 8 * HR_QK;
+            int8_t *dst = qt + i * HR_QT_STRIDE(k) + g * 8 * HR_QK;
             __m256i r[8];
-            for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_si256((const __m256i *)(src + j * HR_QK));
+            for (int j = 0; j < 8; j++)
+                r[j] = g * 8 + j < nb ? _mm256_loadu_si256((const __m256i *)(src + j * HR_QK)) : _mm256_setzero_si256();
             transpose8(r);
             for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(dst + j * HR_QK), r[j]);
         }

@@ -16,8 +16,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
 #include "common.h"
 #include "native.h"
+
+/* Steps of at most this many tokens on 2+ threads give every thread its own copy of the activation buffers: each
+ * thread norms / quantises / SiLUs every row itself (a few microseconds of duplicated work) instead of splitting the
+ * rows and waiting at a barrier, which halves the step's barriers (each a futex wake-up under OMP_WAIT_POLICY=passive).
+ * The ops per row are the same either way, so the bits are too. */
+#define HR_PRIVATE_ROWS 8
 
 int hr_has_avx2(void);
 
@@ -55,6 +63,7 @@ typedef struct {
     int8_t *q, *qt;
     int16_t *q16;
     float *d, *s;
+    int priv; /* this thread's own copy (every row done here, no barrier) or shared (rows split over the team) */
 } act_bufs;
 
 /* bits: 8, 16 or 32 (fp32, not quantised) */
@@ -67,58 +76,92 @@ static void quantize_row_t(const float *x, int64_t t, int64_t k, const act_bufs 
     const int64_t nb = k / HR_QK;
     if (bits == 32) return;
     if (bits == 16) hr_quantize_rows16(x + t * k, 1, k, b->q16 + t * k, b->d + t * nb, b->s + t * nb);
-    else hr_quantize_rows_isa(x + t * k, 1, k, b->q + t * k, b->d + t * nb, b->s + t * nb, b->qt + t * k, isa);
+    else hr_quantize_rows_isa(x + t * k, 1, k, b->q + t * k, b->d + t * nb, b->s + t * nb, b->qt + t * HR_QT_STRIDE(k), isa);
 }
 
-/* rows of src [T, k] -> an activation, split over the team (implicit barrier at the end) */
+/* rows of src [T, k] -> an activation: every row on this thread (b->priv), else split over the team (implicit
+ * barrier at the end) */
 static void quantize_team(const float *src, int64_t T, int64_t k, hr_qact *a, const act_bufs *b, int64_t isa,
                           int bits) {
     bind(a, src, T, k, b, bits);
+    if (b->priv) {
+        for (int64_t t = 0; t < T; t++) quantize_row_t(src, t, k, b, isa, bits);
+        return;
+    }
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; t++) quantize_row_t(src, t, k, b, isa, bits);
 }
 
-/* RMSNorm of h's rows into xn, quantised in the same pass */
-static void norm_quantize_team(const float *h, int64_t T, int64_t k, const float *w, float eps, float *xn, hr_qact *a,
-                               const act_bufs *b, int64_t isa) {
-    bind(a, xn, T, k, b, 8);
+/* RMSNorm of rows[r] of h (r < R; NULL: row r) into xn row r, quantised in the same pass (bits 8 or 16) */
+static void norm_quantize_team(const float *h, const int64_t *rows, int64_t R, int64_t k, const float *w, float eps,
+                               float *xn, hr_qact *a, const act_bufs *b, int64_t isa, int bits) {
+    bind(a, xn, R, k, b, bits);
+    if (b->priv) {
+        for (int64_t r = 0; r < R; r++) {
+            rms_norm(h + (rows ? rows[r] : r) * k, k, w, eps, xn + r * k);
+            quantize_row_t(xn, r, k, b, isa, bits);
+        }
+        return;
+    }
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; t++) {
-        rms_norm(h + t * k, k, w, eps, xn + t * k);
-        quantize_row_t(xn, t, k, b, isa, 8);
+    for (int64_t r = 0; r < R; r++) {
+        rms_norm(h + (rows ? rows[r] : r) * k, k, w, eps, xn + r * k);
+        quantize_row_t(xn, r, k, b, isa, bits);
     }
 }
 
-/* g[i] = silu(g[i]) * u[i] over one row: 8 at a time with the vector exp on a SIMD path, libm's expf otherwise and
- * for the tail (each element's ops depend only on its index and the path) */
+/* out[i] = silu(g[i]) * u[i] over one row (out may be g): 8 at a time with the vector exp on a SIMD path, libm's expf
+ * otherwise and for the tail (each element's ops depend only on its index and the path) */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-HR_T_AVX2 static int64_t silu_mul_avx2(float *g, const float *u, int64_t n) {
+HR_T_AVX2 static int64_t silu_mul_avx2(float *out, const float *g, const float *u, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 gv = _mm256_loadu_ps(g + i);
         const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
         const __m256 sv = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-        _mm256_storeu_ps(g + i, _mm256_mul_ps(sv, _mm256_loadu_ps(u + i)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(sv, _mm256_loadu_ps(u + i)));
     }
     return i;
 }
 #endif
 
-static void silu_mul(float *g, const float *u, int64_t n, int64_t isa) {
+static void silu_mul(float *out, const float *g, const float *u, int64_t n, int64_t isa) {
     int64_t i = 0;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (isa != HR_ISA_SCALAR) i = silu_mul_avx2(g, u, n);
+    if (isa != HR_ISA_SCALAR) i = silu_mul_avx2(out, g, u, n);
 #endif
     (void)isa;
-    for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-/* silu(g) * u in place over g's rows (down_proj's fp32 input) */
-static void silu_quantize_team(float *g, const float *u, int64_t T, int64_t k, hr_qact *a, const act_bufs *b,
-                               int64_t isa) {
+/* silu(g) * u over g's rows (down_proj's fp32 input): into this thread's own rows `mine` (b->priv), else in place
+ * over g, rows split over the team */
+static void silu_quantize_team(float *g, const float *u, float *mine, int64_t T, int64_t k, hr_qact *a,
+                               const act_bufs *b, int64_t isa) {
+    if (b->priv) {
+        bind(a, mine, T, k, b, 32);
+        for (int64_t t = 0; t < T; t++) silu_mul(mine + t * k, g + t * k, u + t * k, k, isa);
+        return;
+    }
     bind(a, g, T, k, b, 32);
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; t++) silu_mul(g + t * k, u + t * k, k, isa);
+    for (int64_t t = 0; t < T; t++) silu_mul(g + t * k, g + t * k, u + t * k, k, isa);
+}
+
+/* token t's heads of K/V group kh: the biases, RoPE of its q heads into qr and of its k head into the cache at `slot`,
+ * its v head into the cache */
+static void rope_group(const hr_native_model *m, const hr_native_layer *ly, int64_t t, int64_t kh, int64_t pos,
+                       int64_t slot, float *qb, float *kb, float *vb, float *qr) {
+    const int64_t D = m->head_dim, hd = m->num_heads * D, kvd = m->num_kv_heads * D;
+    const int64_t group = m->num_heads / m->num_kv_heads;
+    float *qt = qb + t * hd, *kt = kb + t * kvd, *vt = vb + t * kvd;
+    const float *c = m->cos_table + pos * D, *sn = m->sin_table + pos * D;
+    for (int64_t i = kh * group * D; ly->q_bias && i < (kh + 1) * group * D; i++) qt[i] = qt[i] + ly->q_bias[i];
+    for (int64_t i = kh * D; ly->k_bias && i < (kh + 1) * D; i++) kt[i] = kt[i] + ly->k_bias[i];
+    for (int64_t i = kh * D; ly->v_bias && i < (kh + 1) * D; i++) vt[i] = vt[i] + ly->v_bias[i];
+    for (int64_t hh = kh * group; hh < (kh + 1) * group; hh++) rope_row(qt + hh * D, c, sn, qr + t * hd + hh * D, D);
+    rope_row(kt + kh * D, c, sn, ly->k_cache + (kh * m->num_slots + slot) * D, D);
+    memcpy(ly->v_cache + (kh * m->num_slots + slot) * D, vt + kh * D, (size_t)D * sizeof(float));
 }
 
 static int check_step(const hr_native_model *m, int64_t T, const int64_t *ids, const int64_t *pos,
@@ -151,18 +194,21 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
     const int64_t H = m->hidden, nh = m->num_heads, nkv = m->num_kv_heads, D = m->head_dim, I = m->intermediate;
     const int64_t hd = nh * D, kvd = nkv * D, group = nh / nkv, bs = m->block_size;
     const int64_t wide = I > hd ? (I > H ? I : H) : (hd > H ? hd : H);
-    const int64_t R = num_logits > 0 ? num_logits : 1;
-    float *h = malloc((size_t)(T * H) * sizeof(float)), *xn = malloc((size_t)(T * wide) * sizeof(float));
+    const int priv = T <= HR_PRIVATE_ROWS && num_threads > 1;
+    const int64_t copies = priv ? num_threads : 1; /* of the activation buffers */
+    const int64_t TR = T > num_logits ? T : num_logits, aw = TR * wide; /* activation rows (tokens or logit rows) */
+    float *h = malloc((size_t)(T * H) * sizeof(float)), *xn = malloc((size_t)(copies * aw) * sizeof(float));
     float *qb = malloc((size_t)(T * hd) * sizeof(float)), *kb = malloc((size_t)(T * kvd) * sizeof(float));
     float *vb = malloc((size_t)(T * kvd) * sizeof(float)), *qr = malloc((size_t)(T * hd) * sizeof(float));
     float *g = malloc((size_t)(T * I) * sizeof(float)), *u = malloc((size_t)(T * I) * sizeof(float));
-    float *d = malloc((size_t)(T * wide / HR_QK + 1) * sizeof(float));
-    float *s = malloc((size_t)(T * wide / HR_QK + 1) * sizeof(float)), *fin = malloc((size_t)(R * H) * sizeof(float));
+    const int64_t nbw = aw / HR_QK + 1, qtw = TR * HR_QT_STRIDE(wide);
+    float *d = malloc((size_t)(copies * nbw) * sizeof(float)), *s = malloc((size_t)(copies * nbw) * sizeof(float));
     int64_t *slot = malloc((size_t)T * sizeof(int64_t));
-    int8_t *q8 = malloc((size_t)(T * wide)), *q8t = malloc((size_t)(T * wide));
-    int16_t *q16 = malloc((size_t)(T * wide) * sizeof(int16_t));
+    unsigned char *seen = calloc((size_t)num_seqs, 1);
+    int8_t *q8 = malloc((size_t)(copies * aw)), *q8t = malloc((size_t)(copies * qtw));
+    int16_t *q16 = malloc((size_t)(copies * aw) * sizeof(int16_t));
     int rc = 0;
-    if (!h || !xn || !qb || !kb || !vb || !qr || !g || !u || !d || !s || !fin || !slot || !q8 || !q8t || !q16) {
+    if (!h || !xn || !qb || !kb || !vb || !qr || !g || !u || !d || !s || !slot || !seen || !q8 || !q8t || !q16) {
         rc = -1;
         goto done;
     }
@@ -176,38 +222,37 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
             }
     }
     for (int64_t t = 0; t < T; t++) slot[t] = tables[seq_of[t] * max_blocks + pos[t] / bs] * bs + pos[t] % bs;
-    const act_bufs bufs = {q8, q8t, q16, d, s};
+    /* every token its sequence's only one in the step (decode): a query then needs no other token's K/V of this step,
+     * so each attention task writes its own token's K/V first (one barrier less per layer) */
+    int own = 1;
+    for (int64_t t = 0; t < T; t++) own = own && !seen[seq_of[t]]++;
     const float scale = 1.0f / sqrtf((float)D);
     const int vec = isa != HR_ISA_SCALAR && hr_has_avx2() && D % 8 == 0;
 #pragma omp parallel num_threads((int)num_threads)
     {
         hr_qact a;
+        const int64_t c = priv ? omp_get_thread_num() : 0; /* this thread's copy of the activation buffers */
+        const act_bufs bufs = {q8 + c * aw, q8t + c * qtw, q16 + c * aw, d + c * nbw, s + c * nbw, priv};
+        float *xs = xn + c * aw;
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) hr_dequantize_row(&m->embed, ids[t], h + t * H);
         for (int64_t l = 0; l < m->num_layers; l++) {
             const hr_native_layer *ly = &m->layers[l];
-            norm_quantize_team(h, T, H, ly->input_norm, m->eps, xn, &a, &bufs, isa);
+            norm_quantize_team(h, NULL, T, H, ly->input_norm, m->eps, xs, &a, &bufs, isa, 8);
             hr_gemm_team(&ly->q, &a, qb, hd, 0, isa); /* q, k, v: no barrier between (independent outputs) */
             hr_gemm_team(&ly->k, &a, kb, kvd, 0, isa);
             hr_gemm_team(&ly->v, &a, vb, kvd, 0, isa);
 #pragma omp barrier
+            if (!own) {
 #pragma omp for schedule(static)
-            for (int64_t t = 0; t < T; t++) {
-                float *qt = qb + t * hd, *kt = kb + t * kvd, *vt = vb + t * kvd;
-                const float *c = m->cos_table + pos[t] * D, *sn = m->sin_table + pos[t] * D;
-                for (int64_t i = 0; ly->q_bias && i < hd; i++) qt[i] = qt[i] + ly->q_bias[i];
-                for (int64_t i = 0; ly->k_bias && i < kvd; i++) kt[i] = kt[i] + ly->k_bias[i];
-                for (int64_t i = 0; ly->v_bias && i < kvd; i++) vt[i] = vt[i] + ly->v_bias[i];
-                for (int64_t hh = 0; hh < nh; hh++) rope_row(qt + hh * D, c, sn, qr + t * hd + hh * D, D);
-                for (int64_t hh = 0; hh < nkv; hh++) {
-                    rope_row(kt + hh * D, c, sn, ly->k_cache + (hh * m->num_slots + slot[t]) * D, D);
-                    memcpy(ly->v_cache + (hh * m->num_slots + slot[t]) * D, vt + hh * D, (size_t)D * sizeof(float));
-                }
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t kh = 0; kh < nkv; kh++) rope_group(m, ly, t, kh, pos[t], slot[t], qb, kb, vb, qr);
             }
-            /* every K/V of the step is written (the barrier above) before any query attends */
+            /* every K/V of the step is written (the barrier above, or this task's own) before any query attends */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t task = 0; task < T * nkv; task++) {
                 const int64_t t = task / nkv, kh = task % nkv;
+                if (own) rope_group(m, ly, t, kh, pos[t], slot[t], qb, kb, vb, qr);
                 hr_attend_one(qr + t * hd + kh * group * D, ly->k_cache + kh * m->num_slots * D,
                               ly->v_cache + kh * m->num_slots * D, tables + seq_of[t] * max_blocks, pos[t] + 1, bs,
                               group, D, scale, qb + t * hd + kh * group * D, vec);
@@ -215,23 +260,21 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
             quantize_team(qb, T, hd, &a, &bufs, isa, 8);
             hr_gemm_team(&ly->o, &a, h, H, 1, isa);
 #pragma omp barrier
-            norm_quantize_team(h, T, H, ly->post_norm, m->eps, xn, &a, &bufs, isa);
+            norm_quantize_team(h, NULL, T, H, ly->post_norm, m->eps, xs, &a, &bufs, isa, 8);
             hr_gemm_team(&ly->gate, &a, g, I, 0, isa);
             hr_gemm_team(&ly->up, &a, u, I, 0, isa);
 #pragma omp barrier
-            silu_quantize_team(g, u, T, I, &a, &bufs, isa);
+            silu_quantize_team(g, u, xs, T, I, &a, &bufs, isa);
             hr_gemm_team(&ly->down, &a, h, H, 1, isa);
 #pragma omp barrier
         }
         if (num_logits > 0) {
-#pragma omp for schedule(static)
-            for (int64_t r = 0; r < num_logits; r++) rms_norm(h + logit_rows[r] * H, H, m->final_norm, m->eps, fin + r * H);
-            quantize_team(fin, num_logits, H, &a, &bufs, isa, 16);
+            norm_quantize_team(h, logit_rows, num_logits, H, m->final_norm, m->eps, xs, &a, &bufs, isa, 16);
             hr_gemm_team(&m->lm_head, &a, logits, m->vocab, 0, isa);
         }
     }
 done:
-    free(h), free(xn), free(qb), free(kb), free(vb), free(qr), free(g), free(u), free(d), free(s), free(fin);
-    free(slot), free(q8), free(q8t), free(q16);
+    free(h), free(xn), free(qb), free(kb), free(vb), free(qr), free(g), free(u), free(d), free(s);
+    free(slot), free(seen), free(q8), free(q8t), free(q16);
     return rc;
 }

@@ -8,15 +8,16 @@ import numpy as np
 import pytest
 
 from headroom.llm import quant_blocks as qb
-from headroom.llm.kernels.native_gemm import ISA_ENV, native_gemm, resolve_isa, supported_isas
+from headroom.llm.kernels.native_gemm import ISA_ENV, native_gemm, pack_tensor, resolve_isa, supported_isas
 
 # (M, N, K): ragged M and N (M past the 64-row tile), K with a block tail (K/32 not a multiple of 8)
-SHAPES = [(1, 1, 32), (3, 17, 96), (5, 33, 288), (8, 40, 576), (33, 7, 1056), (2, 19, 40), (70, 9, 288)]
+SHAPES = [(1, 1, 32), (1, 9, 96), (3, 17, 96), (5, 33, 288), (8, 40, 576), (33, 7, 1056), (2, 19, 40), (70, 9, 288)]
 
 
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "gguf-layout"])
 @pytest.mark.parametrize("act_bits", [8, 16, 32])
 @pytest.mark.parametrize("fmt", qb.FORMATS)
-def test_every_path_is_bit_exact(lib: ctypes.CDLL, isa: str, fmt: str, act_bits: int) -> None:
+def test_every_path_is_bit_exact(lib: ctypes.CDLL, isa: str, fmt: str, act_bits: int, pack: bool) -> None:
     rng = np.random.default_rng(hash((isa, fmt, act_bits)) % 2**32)
     for m, n, k in SHAPES:
         if k % qb.QK and fmt not in qb.ELEMENT_BYTES:
@@ -25,8 +26,8 @@ def test_every_path_is_bit_exact(lib: ctypes.CDLL, isa: str, fmt: str, act_bits:
         x = (rng.standard_normal((m, k)) * rng.uniform(0.01, 10)).astype(np.float32)
         x[0, : min(k, 32)] = 0.0  # an all-zero block
         want = qb.reference_matmul(fmt, w.data, n, k, x, act_bits)
-        got = native_gemm(lib, w, x, isa, num_threads=2, act_bits=act_bits)
-        np.testing.assert_array_equal(got, want, err_msg=f"{fmt} {isa} {act_bits}-bit M={m} N={n} K={k}")
+        got = native_gemm(lib, w, x, isa, num_threads=2, act_bits=act_bits, pack=pack)
+        np.testing.assert_array_equal(got, want, err_msg=f"{fmt} {isa} {act_bits}-bit M={m} N={n} K={k} {pack=}")
 
 
 def test_rows_independent_of_batch_and_threads(lib: ctypes.CDLL, isa: str) -> None:
@@ -58,3 +59,15 @@ def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
         native_gemm(lib, w, np.ones((1, 31), dtype=np.float32), "scalar")
     with pytest.raises(ValueError, match="refused"):
         native_gemm(lib, w, np.ones((1, 32), dtype=np.float32), "scalar", num_threads=0)
+
+
+def test_packed_layout_is_the_gguf_bytes_rearranged(lib: ctypes.CDLL) -> None:
+    rng = np.random.default_rng(9)
+    for fmt in ("Q4_0", "Q4_1", "Q8_0"):
+        w = qb.QTensor(fmt, 3, 288, qb.quantize_weights(fmt, rng.standard_normal((3, 288)).astype(np.float32)))
+        packed = pack_tensor(lib, w, "avx512vnni")
+        assert packed is not None and packed.nbytes == w.data.nbytes  # nothing padded, nothing extra streamed
+        assert sorted(packed.tobytes()) == sorted(w.data.tobytes())
+        assert pack_tensor(lib, w, "avx2") is None  # the other paths read the GGUF layout
+    f16 = qb.QTensor("F16", 2, 32, qb.quantize_weights("F16", np.ones((2, 32), dtype=np.float32)))
+    assert pack_tensor(lib, f16, "avx512vnni") is None

@@ -1,0 +1,191 @@
+/* The VNNI path's weight layout, packed once at load (hr_pack_tensor), and the 8-bit-activation GEMM that reads it.
+ *
+ * A GGUF row is a run of blocks (d, [m,] 32 integers). The AVX-512 VNNI kernel wants each group of 8 blocks
+ * TRANSPOSED: vector c holds dword c (integers 4c .. 4c+3) of blocks 0..7, so that lane l of a vpdpbusd accumulator
+ * sums block l and no horizontal reduction is needed. Packed, per row, per group of nt blocks (8; the tail group has
+ * nb % 8):
+ *
+ *   d[nt] fp16 | m[nt] fp16 (Q4_1 only) | the integers: Q4: 4 chunks of 4 * nt bytes, chunk c = bytes 4c..4c+3 of
+ *   each block's nibbles (low nibbles = dword c, high nibbles = dword c + 4: one and / shift per vector); Q8_0: 8.
+ *
+ * Exactly the GGUF's bytes rearranged (a row is still nb * block bytes), so packing is one pass over the linears and
+ * streams nothing extra; the tail group is read with masked loads. The activations' transposed copy (hr_qact.qt, the
+ * tail group padded with zero blocks) comes from the quantiser. The fp32 ops are quant_blocks' contract unchanged:
+ * v = (d_w * d_x) * (float)isum [+ m_w * s_x] into lane b % 8; the tail group's missing lanes are masked off (left
+ * untouched), so the bits equal every other path's.
+ */
+#include <string.h>
+
+#include "native_blocks.h"
+
+/* bytes of w's packed layout, or -1 for a format that has none (F16 / F32) */
+int64_t hr_packed_bytes(int64_t fmt, int64_t rows, int64_t cols) {
+    if ((fmt != HR_Q4_0 && fmt != HR_Q4_1 && fmt != HR_Q8_0) || rows < 1 || cols < 1 || cols % HR_QK) return -1;
+    return rows * hr_row_bytes(fmt, cols);
+}
+
+/* out [hr_packed_bytes] = w's blocks in the packed layout. Returns 0, or -2 for a format without one. */
+int hr_pack_tensor(const hr_qtensor *w, uint8_t *out) {
+    const int64_t total = hr_packed_bytes(w->fmt, w->rows, w->cols);
+    if (total < 0 || !w->data || !out) return -2;
+    const int64_t nb = w->cols / HR_QK, bb = block_bytes(w->fmt), rb = hr_row_bytes(w->fmt, w->cols);
+    const int64_t q41 = w->fmt == HR_Q4_1, chunks = w->fmt == HR_Q8_0 ? 8 : 4, head = q41 ? 4 : 2;
+    for (int64_t r = 0; r < w->rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t l = b % 8, nt = b - l + 8 <= nb ? 8 : nb % 8;
+            const uint8_t *blk = w->data + r * rb + b * bb;
+            uint8_t *grp = out + r * rb + (b - l) * bb, *ints = grp + head * nt;
+            memcpy(grp + 2 * l, blk, 2);
+            if (q41) memcpy(grp + 2 * nt + 2 * l, blk + 2, 2);
+            for (int64_t c = 0; c < chunks; c++) memcpy(ints + c * 4 * nt + 4 * l, blk + head + 4 * c, 4);
+        }
+    return 0;
+}
+
+#if HR_X86
+/* chunk of nt dwords (masked when nt < 8: the tail group) */
+__attribute__((always_inline)) T_VNNI static inline __m256i load_dwords(const uint8_t *p, int nt) {
+    return nt == 8 ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi32((__mmask8)((1u << nt) - 1), p);
+}
+
+/* nt fp16 -> fp32 lanes (zeros past nt) */
+__attribute__((always_inline)) T_VNNI static inline __m256 load_halves(const uint8_t *p, int nt) {
+    return _mm256_cvtph_ps(nt == 8 ? _mm_loadu_si128((const __m128i *)p)
+                                   : _mm_maskz_loadu_epi16((__mmask8)((1u << nt) - 1), p));
+}
+
+/* the 8 transposed weight vectors of packed group gp (nt blocks): wa unsigned for vpdpbusd, wv the signed values
+ * (sign trick) */
+__attribute__((always_inline)) T_VNNI static inline void unpack_group(const uint8_t *gp, int64_t fmt, int nt,
+                                                                     __m256i *wa, __m256i *wv) {
+    const int q8 = fmt == HR_Q8_0, io = (fmt == HR_Q4_1 ? 4 : 2) * nt;
+    const __m256i low = _mm256_set1_epi8(15);
+    for (int c = 0; c < (q8 ? 8 : 4); c++) {
+        const __m256i raw = load_dwords(gp + io + 4 * nt * c, nt);
+        if (q8) {
+            wv[c] = raw;
+            continue;
+        }
+        wv[c] = _mm256_and_si256(raw, low);
+        wv[c + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+    }
+    for (int c = 0; c < 8; c++) {
+        if (fmt == HR_Q4_0) wv[c] = _mm256_sub_epi8(wv[c], _mm256_set1_epi8(8));
+        wa[c] = fmt == HR_Q4_1 ? wv[c] : _mm256_abs_epi8(wv[c]);
+    }
+}
+
+/* lane l = block l's exact int32 dot with the transposed activations x (4 independent vpdpbusd chains) */
+__attribute__((always_inline)) T_VNNI static inline __m256i group_dot(const __m256i *wa, const __m256i *wv,
+                                                                     const int8_t *x, int q41) {
+    __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int c = 0; c < 8; c++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x + c * HR_QK));
+        if (!q41) xv = _mm256_sign_epi8(xv, wv[c]);
+        s[c & 3] = _mm256_dpbusd_epi32(s[c & 3], wa[c], xv);
+    }
+    return _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
+}
+
+/* acc (lanes in mask) += (d_w * d_x) * (float)isum [+ m_w * s_x] for packed group gp */
+__attribute__((always_inline)) T_VNNI static inline __m256 group_fma(__m256 acc, const uint8_t *gp, int q41, int nt,
+                                                                    __m256i isum, __m256 dx, __m256 sx) {
+    __m256 v = _mm256_mul_ps(_mm256_mul_ps(load_halves(gp, nt), dx), _mm256_cvtepi32_ps(isum));
+    if (q41) v = _mm256_add_ps(v, _mm256_mul_ps(load_halves(gp + 2 * nt, nt), sx));
+    return nt == 8 ? _mm256_add_ps(acc, v) : _mm256_mask_add_ps(acc, (__mmask8)((1u << nt) - 1), acc, v);
+}
+
+static inline void store_out(float *out, __m256 acc, int accumulate) {
+    float l[8];
+    memcpy(l, &acc, sizeof l);
+    const float v = lane_sum8(l);
+    *out = accumulate ? *out + v : v;
+}
+
+/* one activation row (decode): NR packed weight rows at a time, sharing the activation loads; NR independent chains */
+__attribute__((always_inline)) T_VNNI static inline void rows_packed_m1(const hr_qtensor *w, const uint8_t *prow,
+                                                                       int64_t row_bytes, const hr_qact *a, float *y,
+                                                                       int64_t n, int accumulate, const int nr) {
+    const int64_t nb = w->cols / HR_QK, gb = 8 * block_bytes(w->fmt);
+    const int q41 = w->fmt == HR_Q4_1;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t g = 0; g * 8 < nb; g++) {
+        const int nt = nb - g * 8 >= 8 ? 8 : (int)(nb - g * 8);
+        const __mmask8 mask = (__mmask8)((1u << nt) - 1);
+        const __m256 dx = _mm256_maskz_loadu_ps(mask, a->d + g * 8);
+        const __m256 sx = q41 ? _mm256_maskz_loadu_ps(mask, a->s + g * 8) : _mm256_setzero_ps();
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *gp = prow + r * row_bytes + g * gb;
+            __m256i wa[8], wv[8];
+            unpack_group(gp, w->fmt, nt, wa, wv);
+            acc[r] = group_fma(acc[r], gp, q41, nt, group_dot(wa, wv, a->qt + g * 8 * HR_QK, q41), dx, sx);
+        }
+    }
+    for (int r = 0; r < nr; r++) store_out(y + n + r, acc[r], accumulate);
+}
+
+/* y[i, n .. n + nr - 1] for nr packed weight rows (rb bytes apart) and every activation row i (transposed q8 values in
+ * a->qt): each group unpacked once for up to HR_M_TILE rows, each activation vector loaded once for the nr rows */
+__attribute__((always_inline)) T_VNNI static inline void rows_packed(const hr_qtensor *w, const uint8_t *prow,
+                                                                    int64_t rb, const hr_qact *a, float *y,
+                                                                    int64_t ldy, int64_t n, int accumulate,
+                                                                    const int nr) {
+    const int64_t k = w->cols, nb = k / HR_QK, gb = 8 * block_bytes(w->fmt), ldq = HR_QT_STRIDE(k);
+    const int q41 = w->fmt == HR_Q4_1;
+    for (int64_t i0 = 0; i0 < a->m; i0 += HR_M_TILE) {
+        const int64_t i1 = i0 + HR_M_TILE < a->m ? i0 + HR_M_TILE : a->m;
+        __m256 acc[2][HR_M_TILE];
+        for (int r = 0; r < nr; r++)
+            for (int64_t i = i0; i < i1; i++) acc[r][i - i0] = _mm256_setzero_ps();
+        for (int64_t g = 0; g * 8 < nb; g++) {
+            const int nt = nb - g * 8 >= 8 ? 8 : (int)(nb - g * 8);
+            const __mmask8 mask = (__mmask8)((1u << nt) - 1);
+            __m256i wa[2][8], wv[2][8];
+            for (int r = 0; r < nr; r++) unpack_group(prow + r * rb + g * gb, w->fmt, nt, wa[r], wv[r]);
+            for (int64_t i = i0; i < i1; i++) {
+                const int8_t *x = a->qt + i * ldq + g * 8 * HR_QK;
+                __m256i s[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()},
+                                   {_mm256_setzero_si256(), _mm256_setzero_si256()}};
+                for (int c = 0; c < 8; c++) {
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + c * HR_QK));
+                    for (int r = 0; r < nr; r++) {
+                        const __m256i xs = q41 ? xv : _mm256_sign_epi8(xv, wv[r][c]);
+                        s[r][c & 1] = _mm256_dpbusd_epi32(s[r][c & 1], wa[r][c], xs);
+                    }
+                }
+                const __m256 dx = _mm256_maskz_loadu_ps(mask, a->d + i * nb + g * 8);
+                const __m256 sx = q41 ? _mm256_maskz_loadu_ps(mask, a->s + i * nb + g * 8) : _mm256_setzero_ps();
+                for (int r = 0; r < nr; r++)
+                    acc[r][i - i0] = group_fma(acc[r][i - i0], prow + r * rb + g * gb, q41, nt,
+                                               _mm256_add_epi32(s[r][0], s[r][1]), dx, sx);
+            }
+        }
+        for (int r = 0; r < nr; r++)
+            for (int64_t i = i0; i < i1; i++) store_out(y + i * ldy + n + r, acc[r][i - i0], accumulate);
+    }
+}
+
+T_VNNI static void gemm_packed_vnni(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate,
+                                    int64_t n0, int64_t n1) {
+    const int64_t row = hr_packed_bytes(w->fmt, 1, w->cols);
+    if (a->m == 1) {
+        int64_t n = n0;
+        for (; n + 4 <= n1; n += 4) rows_packed_m1(w, w->packed + n * row, row, a, y, n, accumulate, 4);
+        for (; n < n1; n++) rows_packed_m1(w, w->packed + n * row, row, a, y, n, accumulate, 1);
+        return;
+    }
+    int64_t n = n0;
+    if (w->fmt == HR_Q4_1) /* two rows' unsigned weights fit the registers (signed formats keep wv too) */
+        for (; n + 2 <= n1; n += 2) rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, 2);
+    for (; n < n1; n++) rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, 1);
+}
+#endif
+
+void hr_gemm_rows_packed(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate, int64_t n0,
+                         int64_t n1) {
+#if HR_X86
+    gemm_packed_vnni(w, a, y, ldy, accumulate, n0, n1);
+#else
+    (void)w, (void)a, (void)y, (void)ldy, (void)accumulate, (void)n0, (void)n1;
+#endif
+}
