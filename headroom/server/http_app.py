@@ -142,17 +142,18 @@ class HttpApi:
 
     async def infer(self, request: Request) -> Response:
         p = request.path_params
-        served = self.dp.resolve(p["model"], p.get("version", ""))  # 404 before reading the body
+        request_id = self._request_id(request)
+        served = self.dp.resolve(p["model"], p.get("version", ""), request_id)  # 404 before reading the body
         timeout_ms = client_timeout_ms(request.headers)
-        self.dp.admit_early(p["model"], p.get("version", ""), timeout_ms)  # 503 before reading the body
+        self.dp.admit_early(p["model"], p.get("version", ""), timeout_ms, request_id)  # 503 before the body
         body = await read_body(request, self.limits.max_body_bytes)
         header_len = request.headers.get("inference-header-content-length")
         try:
             header_length = int(header_len) if header_len is not None else None
         except ValueError:
             raise InvalidRequest("Inference-Header-Content-Length must be an integer") from None
-        decoded = decode_infer_request(body, header_length, p["model"], p.get("version", ""),
-                                       self._request_id(request), served.config)
+        decoded = decode_infer_request(body, header_length, p["model"], p.get("version", ""), request_id,
+                                       served.config)
         if timeout_ms is not None:
             decoded = replace(decoded, timeout_ms=shorter(decoded.timeout_ms, timeout_ms))
         response = await self.dp.infer(decoded, disconnect_watcher(request))
@@ -164,7 +165,7 @@ class HttpApi:
     async def classify_image(self, request: Request) -> Response:
         """`POST /v2/models/{m}/classify?top_k=3&min_confidence=0.5` with a PNG/JPEG body (listing 1)."""
         p = request.path_params
-        self.dp.resolve(p["model"], p.get("version", ""))
+        self.dp.resolve(p["model"], p.get("version", ""), self._request_id(request))
         try:
             top_k = int(request.query_params.get("top_k", "3"))
             min_conf = float(request.query_params.get("min_confidence", "0"))
