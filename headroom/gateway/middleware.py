@@ -225,7 +225,7 @@ class GatewayMiddleware:
                 headers.append((b"traceparent", ingress.traceparent.encode()))
                 bind_context(RequestContext(request_id, tenant, key_id, ingress.traceparent))
             state.update(scope.get("state", {}))
-            state.update({"tenant": tenant, "key_id": key_id, "request_id": request_id})
+            state.update({"tenant": tenant, "key_id": key_id, "request_id": request_id, "received_s": started_s})
             inner_scope = {**scope, "headers": headers, "state": state}
             try:
                 await self.app(

@@ -1,11 +1,10 @@
 """The transport-free data plane: every HTTP and gRPC inference call ends here.
 
 `DataPlane.infer` owns the request lifecycle: resolve the model version → validate against its config →
-derive deadline, latency budget and priority → submit to the version's batcher, which admits by predicted
-delay (racing the client's disconnect) → build the response with per-stage timings → count the outcome.
-Exactly one result or one HeadroomError per request. `admit_early` runs the same admission check before a
-transport reads the body, with the budget known from the path and headers.
-"""
+derive deadline, latency budget (spent from `received_s`, the edge's arrival time, when set) and priority →
+submit to the batcher, which admits by predicted delay (racing the client's disconnect) → respond with
+per-stage timings → count the outcome. Exactly one result or one HeadroomError per request. `admit_early`
+runs the same admission check before a transport reads the body, with the budget from path and headers."""
 
 from __future__ import annotations
 
@@ -275,7 +274,8 @@ class DataPlane:
     # -- inference ---------------------------------------------------------------------------------------
     async def infer(self, request: InferenceRequest,
                     disconnected: DisconnectWatcher | None = None) -> InferenceResponse:
-        start_s = self._clock.now_s()
+        entered_s = self._clock.now_s()  # time spent at the edge (HTTP parsing, a busy event loop) counts too:
+        start_s = entered_s if request.received_s is None else min(entered_s, request.received_s)
         name, version = request.model_name, request.model_version or "?"
         slot: _Slot | None = None
         admitted = False
@@ -284,7 +284,7 @@ class DataPlane:
             admitted = True
             self._metrics.inflight.inc()
             async with self._hold(name):
-                swap_wait_s = self._clock.now_s() - start_s  # an on-demand load does not use up the timeout
+                swap_wait_s = self._clock.now_s() - entered_s  # an on-demand load does not use up the timeout
                 slot = self._slot(request.model_name, request.model_version)
                 version = slot.served.version
                 response = await self._infer(slot, request, start_s, disconnected, swap_wait_s)

@@ -71,6 +71,12 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+def received_s(request: Request) -> float | None:
+    """When the gateway (the first ASGI layer) saw the request, on the server's clock (None without it)."""
+    value = request.scope.get("state", {}).get("received_s")
+    return float(value) if isinstance(value, int | float) else None
+
+
 def disconnect_watcher(request: Request):  # type: ignore[no-untyped-def]
     """An awaitable factory that resolves when the client disconnects (the body must be consumed)."""
 
@@ -154,8 +160,7 @@ class HttpApi:
             raise InvalidRequest("Inference-Header-Content-Length must be an integer") from None
         decoded = decode_infer_request(body, header_length, p["model"], p.get("version", ""), request_id,
                                        served.config)
-        if timeout_ms is not None:
-            decoded = replace(decoded, timeout_ms=shorter(decoded.timeout_ms, timeout_ms))
+        decoded = replace(decoded, timeout_ms=shorter(decoded.timeout_ms, timeout_ms), received_s=received_s(request))
         response = await self.dp.infer(decoded, disconnect_watcher(request))
         payload, headers = encode_infer_response(response, binary_default=decoded.binary_output_default,
                                                  labels=self.dp.labels(response.model_name, response.model_version))
@@ -203,7 +208,9 @@ class HttpApi:
         data = np.array([t.encode("utf-8") for t in req.texts], dtype=object).reshape(shape)
         infer = InferenceRequest(request_id=self._request_id(request), model_name=req.model, model_version="",
                                  inputs=(Tensor(spec.name, "BYTES", shape, data),),
-                                 timeout_ms=client_timeout_ms(request.headers))
+                                 timeout_ms=client_timeout_ms(request.headers), received_s=received_s(request))
+        # refused now, before a thread is given its token count (a refused request's count would queue there)
+        self.dp.admit_early(req.model, "", infer.timeout_ms, infer.request_id)
         # the usage count tokenizes off the loop while the model runs (a model that cannot count reports 0)
         result, tokens = await asyncio.gather(self.dp.infer(infer, disconnect_watcher(request)),
                                               asyncio.to_thread(embeddings.count_tokens, served.model, req.texts))
