@@ -7,13 +7,24 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pytest
 
-from tests.support.server import RunningServer
+from tests.server.conftest import build_test_repository
+from tests.support.server import TRUST_PYTHON, RunningServer, run_server
 
 WAIT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def logged_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A server of its own: the long request below would skew the shared server's `slow` estimates."""
+    repo = build_test_repository(tmp_path_factory.mktemp("access-repo"))
+    with run_server(repo, tmp_path_factory.mktemp("access-logs"), [*TRUST_PYTHON, "--grpc-port", "-1"]) as srv:
+        yield srv
 
 
 def _access_lines(server: RunningServer, request_id: str) -> list[dict[str, Any]]:
@@ -46,7 +57,15 @@ async def _queue_depth(client: httpx.AsyncClient, model: str) -> int:
     return sum(int(s["queue_depth"]) for s in stats)
 
 
-async def test_refusals_before_the_body_get_one_access_line_in_the_same_format(server: RunningServer) -> None:
+async def _await_depth(client: httpx.AsyncClient, depth: int) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while await _queue_depth(client, "slow") < depth:  # bounded poll: the server has no event to await
+        assert time.monotonic() < deadline, f"slow's queue never reached {depth}"
+        await asyncio.sleep(0.02)
+
+
+async def test_refusals_before_the_body_get_one_access_line_in_the_same_format(logged_server: RunningServer) -> None:
+    server = logged_server
     ids = {kind: f"{kind}-{uuid.uuid4().hex}" for kind in ("ok", "unknown", "full")}
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
         ok = await client.post("/v2/models/slow/infer", json=_slow_body(0, 900), headers={"x-request-id": ids["ok"]})
@@ -54,13 +73,13 @@ async def test_refusals_before_the_body_get_one_access_line_in_the_same_format(s
         unknown = await client.post("/v2/models/nope/infer", json=_slow_body(0, 901),
                                     headers={"x-request-id": ids["unknown"]})
         assert unknown.status_code == 404, unknown.text
-        # slow: max_batch_size 1, max_queue_size 3; three long requests fill its queue
-        blockers = [asyncio.create_task(client.post("/v2/models/slow/infer", json=_slow_body(1500, 910 + i)))
-                    for i in range(3)]
-        deadline = time.monotonic() + WAIT_S
-        while await _queue_depth(client, "slow") < 3:
-            assert time.monotonic() < deadline, "the blockers never filled slow's queue"
-            await asyncio.sleep(0.02)
+        # slow: max_batch_size 1, max_queue_size 3. One long request runs (and holds the queue for 8 s, a wide
+        # margin on a loaded machine); two instant ones wait behind it: the queue is full.
+        blockers = [asyncio.create_task(client.post("/v2/models/slow/infer", json=_slow_body(8000, 910)))]
+        await _await_depth(client, 1)
+        blockers += [asyncio.create_task(client.post("/v2/models/slow/infer", json=_slow_body(0, 911 + i)))
+                     for i in range(2)]
+        await _await_depth(client, 3)
         full = await client.post("/v2/models/slow/infer", json=_slow_body(0, 919),
                                  headers={"x-request-id": ids["full"]})
         assert full.status_code == 503 and "queue is full" in full.json()["error"], full.text
