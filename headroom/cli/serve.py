@@ -62,6 +62,10 @@ def serve(
     headers_timeout_s: float = typer.Option(10.0, min=0.0, help="The request line and headers must arrive within "
                                             "this (slowloris: 408 and the connection closed; 0 = no deadline)."),
     cors_origin: list[str] = typer.Option([], "--cors-origin", help="Allow this browser origin (repeatable)."),
+    trust_tenant_header: bool = typer.Option(False, help="Without --api-keys-file: take the tenant (prefix-cache "
+                                             "isolation, rate limits, logs) from a router's x-headroom-tenant "
+                                             "header. Only for replicas that no client can reach but the router "
+                                             "(`route`/`serve --replicas` set it on their loopback replicas)."),
     tls_certfile: Path = typer.Option(None, help="PEM certificate chain: serve HTTPS and gRPC over TLS."),
     tls_keyfile: Path = typer.Option(None, help="PEM private key for --tls-certfile."),
     tls_client_ca_file: Path = typer.Option(None, help="PEM CA: require client certificates it signed (mTLS)."),
@@ -160,7 +164,8 @@ def serve(
                               llm_token_burst, cors_origin, body_timeout_s,
                               headers_timeout_s=headers_timeout_s)
         # The data plane writes the per-request access line (HTTP and gRPC alike); the gateway stays quiet.
-        setup = dataclasses.replace(setup, config=dataclasses.replace(setup.config, access_log=False))
+        setup = dataclasses.replace(setup, config=dataclasses.replace(setup.config, access_log=False,
+                                                                      trust_tenant_header=trust_tenant_header))
         tls = None
         if tls_certfile is not None or tls_keyfile is not None:
             if tls_certfile is None or tls_keyfile is None:

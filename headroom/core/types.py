@@ -85,6 +85,7 @@ class InferenceRequest:
     priority: int = 0  # 0 = default level; 1 is the highest priority, larger numbers lower
     timeout_ms: float | None = None  # client-requested timeout; may shorten, never lengthen the model's
     binary_output_default: bool = False  # HTTP `binary_data_output` request parameter
+    received_s: float | None = None  # the server clock's time at the HTTP edge (None: when the data plane got it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ Role = Literal["user", "admin"]
 ROLES: tuple[Role, ...] = ("user", "admin")
 KEY_PREFIX = "hr_"
 _ID_RE = re.compile(r"^[0-9a-f]{8}$")
-_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _HEADER_HINT = "send `Authorization: Bearer <key>` or `X-API-Key: <key>`"
 
 #: Endpoints that need the admin role (regular expressions over the request path).
@@ -81,7 +81,7 @@ def _validate(record: KeyRecord, where: str) -> None:
         raise ValueError(f"{where}: id must be 8 hex digits, got {record.key_id!r}")
     if not re.fullmatch(r"[0-9a-f]{64}", record.sha256_hex):
         raise ValueError(f"{where}: sha256 must be 64 hex digits")
-    if not _TENANT_RE.match(record.tenant):
+    if not TENANT_RE.match(record.tenant):
         raise ValueError(
             f"{where}: tenant must be 1-64 letters, digits, '.', '_' or '-', got {record.tenant!r}"
         )

@@ -50,6 +50,7 @@ from headroom.gateway.auth import (
 )
 from headroom.gateway.context import RequestContext, bind_context, reset_context
 from headroom.gateway.errors import RequestTimeout
+from headroom.gateway.forwarded_tenant import TENANT_HEADER, claimed_tenant
 from headroom.gateway.limits import (
     EMBEDDING_PATHS,
     InputLimits,
@@ -91,6 +92,7 @@ class GatewayConfig:
     keys_reload_interval_s: float = 5.0  # how often to check the keys file for changes (revocations)
     access_log: bool = True  # one `headroom.gateway.access` JSON line per request (never headers or keys)
     llm_access_log: bool = True  # that line for the OpenAI generation routes even when access_log is off
+    trust_tenant_header: bool = False  # without keys: a router's x-headroom-tenant names the tenant
 
 
 def exempt_matcher(exempt_paths: tuple[str, ...]) -> Callable[[str], bool]:
@@ -191,7 +193,9 @@ class GatewayMiddleware:
                 principal = None if exempt else self._authenticate(headers, path)
                 if principal is not None:
                     tenant, key_id = principal.tenant, principal.key_id
-                    bind_context(RequestContext(request_id, tenant, key_id, ""))
+                elif self.config.trust_tenant_header and not self.config.auth_enabled:  # behind a router
+                    tenant = claimed_tenant(header_value(headers, TENANT_HEADER.encode())) or tenant
+                bind_context(RequestContext(request_id, tenant, key_id, ""))
                 body: bytes | None = None
                 estimate = TokenEstimate(0, 0)
                 if scope["method"] in _BODY_METHODS:
@@ -221,7 +225,7 @@ class GatewayMiddleware:
                 headers.append((b"traceparent", ingress.traceparent.encode()))
                 bind_context(RequestContext(request_id, tenant, key_id, ingress.traceparent))
             state.update(scope.get("state", {}))
-            state.update({"tenant": tenant, "key_id": key_id, "request_id": request_id})
+            state.update({"tenant": tenant, "key_id": key_id, "request_id": request_id, "received_s": started_s})
             inner_scope = {**scope, "headers": headers, "state": state}
             try:
                 await self.app(

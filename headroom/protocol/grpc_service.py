@@ -4,7 +4,8 @@ Implemented here: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMeta
 ModelStreamInfer (protocol/grpc_stream.py), which hand LLM requests to `generative` (llm/grpc_generate.py);
 the composition root adds Triton's admin RPCs (model config, statistics, repository, shared memory, trace and
 log settings: server/grpc_admin.py) as `admin` servicers. An RPC no servicer implements answers UNIMPLEMENTED
-naming the RPC. Errors map through `HeadroomError.grpc_code`; an unexpected exception is logged and answered
+naming the RPC. Errors map through `HeadroomError.grpc_code`; bytes that are not a valid request message get
+INVALID_ARGUMENT; an unexpected exception is logged and answered
 INTERNAL. When the client cancels (or its deadline passes) the data plane's `disconnected` watcher resolves
 (the data plane runs in its own task, shielded from grpc's cancellation of the handler), so a queued request
 is dropped; `cancel_grace_s` later it is cancelled outright. The stage breakdown goes back as trailing
@@ -28,9 +29,10 @@ from typing import Any, Protocol
 
 import grpc
 from google.protobuf import message_factory
+from google.protobuf.message import DecodeError
 
 from headroom.core.dataplane import InferenceDataPlane
-from headroom.core.errors import DRAINING_HEADER, Draining, HeadroomError
+from headroom.core.errors import DRAINING_HEADER, Draining, HeadroomError, InvalidRequest
 from headroom.core.types import InferenceRequest, InferenceResponse
 from headroom.models.config import ModelConfig
 from headroom.protocol.generated import headroom_inference_pb2 as pb
@@ -171,6 +173,7 @@ class InferenceServicer:
         return message
 
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> tuple[pb.ModelInferResponse, str]:
+        check_decoded(request)  # a message of ModelStreamInfer
         config = self._configs(request.model_name, request.model_version) if self._configs else None
         decoded = decode_model_infer(request, self._new_request_id(), config)
         response = await _infer_until_disconnect(self._dataplane, decoded, context, self._cancel_grace_s)
@@ -193,11 +196,38 @@ class InferenceServicer:
 Handler = Callable[[Any, Any], Awaitable[Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """What the deserializer hands on for bytes that are not a valid request message: the handler answers it
+    INVALID_ARGUMENT (grpc.aio would answer a deserializer's exception UNKNOWN, a server error)."""
+
+    message: str
+
+
+def lenient_parser(message_cls: Any) -> Callable[[bytes], Any]:
+    """`message_cls.FromString` that returns an Undecodable instead of raising DecodeError."""
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_cls.FromString(data)
+        except DecodeError as exc:
+            return Undecodable(f"the request is not a valid {message_cls.DESCRIPTOR.full_name} protobuf ({exc})")
+
+    return parse
+
+
+def check_decoded(request: Any) -> None:
+    """Raise InvalidRequest for a message the deserializer could not parse."""
+    if isinstance(request, Undecodable):
+        raise InvalidRequest(request.message)
+
+
 def _guarded(name: str, method: Handler) -> Handler:
     """Translate exceptions into gRPC statuses (abort raises, so it sits outside the try)."""
 
     async def handle(request: Any, context: Any) -> Any:
         try:
+            check_decoded(request)
             return await method(request, context)
         except HeadroomError as exc:
             code, message = grpc.StatusCode[exc.grpc_code], exc.message
@@ -242,7 +272,7 @@ def service_handler(servicer: InferenceServicer, admin: Sequence[object] = ()) -
         make = grpc.stream_stream_rpc_method_handler if method.client_streaming else grpc.unary_unary_rpc_method_handler
         handlers[method.name] = make(
             func,
-            request_deserializer=request_cls.FromString,
+            request_deserializer=lenient_parser(request_cls),
             response_serializer=response_cls.SerializeToString,
         )
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)

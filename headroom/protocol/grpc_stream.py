@@ -28,6 +28,8 @@ InferMany = Callable[[pb.ModelInferRequest, Any], AsyncIterator[pb.ModelInferRes
 
 
 def _error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+    if not isinstance(request, pb.ModelInferRequest):  # bytes that did not parse: nothing to echo
+        return pb.ModelStreamInferResponse(error_message=message)
     echo = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
     return pb.ModelStreamInferResponse(error_message=message, infer_response=echo)
 

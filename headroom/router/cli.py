@@ -92,7 +92,7 @@ def serve_command(model_repository: Path, models: Sequence[str], drain_timeout_s
         argv = [sys.executable, "-m", "headroom.cli.main", "serve", "--http-port", str(port), "--grpc-port",
                 str(grpc_port),
                 "--model-repository", str(model_repository), "--drain-timeout-s", str(drain_timeout_s),
-                "--no-access-log"]
+                "--no-access-log", "--trust-tenant-header"]  # on loopback: only the router reaches it
         for m in models:
             argv += ["--model", m]
         return [*argv, *extra_args]

@@ -12,10 +12,9 @@ checks `GET /v2/health/ready` on every replica; results and every finished attem
 Prometheus page and `GET /metrics/replicas` Prometheus service discovery of every replica
 (`headroom.router.metrics`).
 
-W3C `traceparent`/`tracestate` go to the replica as the client sent them. With a `tracer_provider`, the
-router records its own SERVER span (`router`, a child of the client's traceparent) and sends the replica
-that span's traceparent instead, so the replica's spans nest under it in the client's trace.
-"""
+W3C `traceparent`/`tracestate` go to the replica as sent, or, with a `tracer_provider`, the traceparent of the
+router's own SERVER span (`router`) so the replica's spans nest under it. The replica learns the tenant the
+router's gateway authenticated in `x-headroom-tenant` (`headroom.gateway.forwarded_tenant`)."""
 
 from __future__ import annotations
 
@@ -37,6 +36,7 @@ from starlette.routing import Route
 
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import Cancelled, DeadlineExceeded, HeadroomError, Overloaded
+from headroom.gateway.forwarded_tenant import forwarded_headers
 from headroom.gateway.tracing import IngressSpan, parse_traceparent
 from headroom.router import degrade, tail
 from headroom.router import health as hp
@@ -91,7 +91,6 @@ class Router:
                              lifespan=self._lifespan)
 
     # ---------------------------------------------------------------------------------------- lifecycle
-
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.start()
@@ -134,7 +133,6 @@ class Router:
         self._wake_checker.set()
 
     # -------------------------------------------------------------------------------------- health checks
-
     async def check_once(self) -> None:
         """Probe every replica's readiness once, concurrently."""
         client = self._client
@@ -170,7 +168,6 @@ class Router:
                 await asyncio.wait_for(self._wake_checker.wait(), self.config.check_interval_s)
 
     # ------------------------------------------------------------------------------------------ routing
-
     def snapshots(self) -> tuple[ReplicaSnapshot, ...]:
         return hp.apply([rt.snapshot() for rt in self.replicas.values()], self.health)
 
@@ -219,7 +216,6 @@ class Router:
         return None if decision.replica_id is None else self.replicas[decision.replica_id]
 
     # ------------------------------------------------------------------- for other transports (gRPC)
-
     def pick(self, key: str | None = None, exclude: Collection[str] = ()) -> ReplicaRuntime | None:
         """Choose a replica with the configured policy; None when no replica is routable."""
         return self._pick(key, set(exclude), self._arm())
@@ -272,7 +268,6 @@ class Router:
                                                     headers=list(out.headers), content=out.body)
 
     # ----------------------------------------------------------------------------------------- handling
-
     async def handle(self, request: Request) -> Response:
         if request.url.path == "/v2/health/live":
             return Response(status_code=200)
@@ -351,7 +346,8 @@ class Router:
                 path, body, degraded_to = rewritten
                 self.counters["degraded"] += 1
         query = f"?{request.url.query}" if request.url.query else ""
-        headers = tuple((k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP)
+        tenant = request.scope.get("state", {}).get("tenant", "")  # the gateway's, never the client's header
+        headers = forwarded_headers(request.headers.items(), HOP_BY_HOP, tenant)
         if traceparent is not None:  # the router's span becomes the replica's parent (tracestate passes as is)
             headers = (*((k, v) for k, v in headers if k.lower() != "traceparent"), ("traceparent", traceparent))
         return Outgoing(request.method, path + query, headers, body, degraded_to,

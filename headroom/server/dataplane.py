@@ -1,11 +1,10 @@
 """The transport-free data plane: every HTTP and gRPC inference call ends here.
 
 `DataPlane.infer` owns the request lifecycle: resolve the model version → validate against its config →
-derive deadline, latency budget and priority → submit to the version's batcher, which admits by predicted
-delay (racing the client's disconnect) → build the response with per-stage timings → count the outcome.
-Exactly one result or one HeadroomError per request. `admit_early` runs the same admission check before a
-transport reads the body, with the budget known from the path and headers.
-"""
+derive deadline, latency budget (spent from `received_s`, the edge's arrival time, when set) and priority →
+submit to the batcher, which admits by predicted delay (racing the client's disconnect) → respond with
+per-stage timings → count the outcome. Exactly one result or one HeadroomError per request. `admit_early`
+runs the same admission check before a transport reads the body, with the budget from path and headers."""
 
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ from headroom.server.generative import GenerativeModels
 from headroom.server.metrics import ModelObserver, ServerMetrics
 from headroom.server.served import ServedVersion, latency_budget_ms, policy_config
 
-log = logging.getLogger("headroom.access")
+log = logging.getLogger("headroom.access")  # one line per request, refusals before the body included
 
 #: The `model`/`version` label of requests for a model or version that is not served.
 UNKNOWN_LABEL = "__unknown__"
@@ -215,22 +214,23 @@ class DataPlane:
         except ModelNotFound:
             return None
 
-    def resolve(self, name: str, version: str = "") -> ServedVersion:
+    def resolve(self, name: str, version: str = "", request_id: str = "") -> ServedVersion:
         """`served` for an inference route that checks the model before reading the body: a 404 is counted
-        (under UNKNOWN_LABEL) as `infer` would count it."""
+        (under UNKNOWN_LABEL) and written to the access log as `infer` would."""
         try:
             return self.served(name, version)
         except ModelNotFound as exc:
             self._metrics.observe_request(*self._unknown_labels(name), _outcome(exc), None)
+            self._log(request_id, name, UNKNOWN_LABEL, exc.http_status, self._clock.now_s(), exc.reason)
             raise
 
     def _unknown_labels(self, name: str) -> tuple[str, str]:
         """Series labels never come from unvalidated client input: one fixed label for unknown names."""
         return (name if name in self._slots else UNKNOWN_LABEL), UNKNOWN_LABEL
 
-    def admit_early(self, name: str, version: str, client_timeout_ms: float | None) -> None:
+    def admit_early(self, name: str, version: str, client_timeout_ms: float | None, request_id: str = "") -> None:
         """Admission before the body is read (`headroom.batching.admission`): raise Overloaded (counted as
-        rejected) if the backlog already rules out the latency budget that the path and headers allow."""
+        rejected, logged) if the backlog already rules out the latency budget that the path and headers allow."""
         if version not in self._slots.get(name, {}) and not (name in self._slots and not version):
             return  # not resident (memory budget) or unknown: `infer` answers
         slot = self._slot(name, version)
@@ -239,6 +239,7 @@ class DataPlane:
         except HeadroomError as exc:
             slot.observer.stats.on_failure(0.0)
             self._metrics.observe_request(name, slot.served.version, _outcome(exc), None)
+            self._log(request_id, name, slot.served.version, exc.http_status, self._clock.now_s(), exc.reason)
             raise
 
     def config_of(self, name: str, version: str = "") -> ModelConfig | None:
@@ -274,7 +275,8 @@ class DataPlane:
     # -- inference ---------------------------------------------------------------------------------------
     async def infer(self, request: InferenceRequest,
                     disconnected: DisconnectWatcher | None = None) -> InferenceResponse:
-        start_s = self._clock.now_s()
+        entered_s = self._clock.now_s()  # time spent at the edge (HTTP parsing, a busy event loop) counts too:
+        start_s = entered_s if request.received_s is None else min(entered_s, request.received_s)
         name, version = request.model_name, request.model_version or "?"
         slot: _Slot | None = None
         admitted = False
@@ -283,7 +285,7 @@ class DataPlane:
             admitted = True
             self._metrics.inflight.inc()
             async with self._hold(name):
-                swap_wait_s = self._clock.now_s() - start_s  # an on-demand load does not use up the timeout
+                swap_wait_s = self._clock.now_s() - entered_s  # an on-demand load does not use up the timeout
                 slot = self._slot(request.model_name, request.model_version)
                 version = slot.served.version
                 response = await self._infer(slot, request, start_s, disconnected, swap_wait_s)
@@ -293,7 +295,7 @@ class DataPlane:
             else:
                 name, version = self._unknown_labels(name)
             self._metrics.observe_request(name, version, _outcome(exc), None)
-            self._log(request, version, exc.http_status, start_s, exc.reason)
+            self._log(request.request_id, request.model_name, version, exc.http_status, start_s, exc.reason)
             raise
         finally:
             if admitted:
@@ -301,7 +303,7 @@ class DataPlane:
                 self.lifecycle.release()
         slot.observer.stats.on_success(response.timings, response.batch_size, time.time_ns() // 1_000_000)
         self._metrics.observe_request(name, version, "success", response.timings)
-        self._log(request, version, 200, start_s, "ok")
+        self._log(request.request_id, request.model_name, version, 200, start_s, "ok")
         return response
 
     async def _infer(self, slot: _Slot, request: InferenceRequest, start_s: float,
@@ -364,11 +366,10 @@ class DataPlane:
             batch_size=result.batch_size,
         )
 
-    def _log(self, request: InferenceRequest, version: str, status: int, start_s: float, reason: str) -> None:
+    def _log(self, request_id: str, model: str, version: str, status: int, start_s: float, reason: str) -> None:
         if log.isEnabledFor(logging.INFO):
             log.info("request", extra={"fields": {
-                "request_id": request.request_id, "model": request.model_name, "version": version,
-                "status": status, "reason": reason,
+                "request_id": request_id, "model": model, "version": version, "status": status, "reason": reason,
                 "duration_ms": round((self._clock.now_s() - start_s) * 1e3, 3),
             }})
 

@@ -71,6 +71,12 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+def received_s(request: Request) -> float | None:
+    """When the gateway (the first ASGI layer) saw the request, on the server's clock (None without it)."""
+    value = request.scope.get("state", {}).get("received_s")
+    return float(value) if isinstance(value, int | float) else None
+
+
 def disconnect_watcher(request: Request):  # type: ignore[no-untyped-def]
     """An awaitable factory that resolves when the client disconnects (the body must be consumed)."""
 
@@ -142,19 +148,19 @@ class HttpApi:
 
     async def infer(self, request: Request) -> Response:
         p = request.path_params
-        served = self.dp.resolve(p["model"], p.get("version", ""))  # 404 before reading the body
+        request_id = self._request_id(request)
+        served = self.dp.resolve(p["model"], p.get("version", ""), request_id)  # 404 before reading the body
         timeout_ms = client_timeout_ms(request.headers)
-        self.dp.admit_early(p["model"], p.get("version", ""), timeout_ms)  # 503 before reading the body
+        self.dp.admit_early(p["model"], p.get("version", ""), timeout_ms, request_id)  # 503 before the body
         body = await read_body(request, self.limits.max_body_bytes)
         header_len = request.headers.get("inference-header-content-length")
         try:
             header_length = int(header_len) if header_len is not None else None
         except ValueError:
             raise InvalidRequest("Inference-Header-Content-Length must be an integer") from None
-        decoded = decode_infer_request(body, header_length, p["model"], p.get("version", ""),
-                                       self._request_id(request), served.config)
-        if timeout_ms is not None:
-            decoded = replace(decoded, timeout_ms=shorter(decoded.timeout_ms, timeout_ms))
+        decoded = decode_infer_request(body, header_length, p["model"], p.get("version", ""), request_id,
+                                       served.config)
+        decoded = replace(decoded, timeout_ms=shorter(decoded.timeout_ms, timeout_ms), received_s=received_s(request))
         response = await self.dp.infer(decoded, disconnect_watcher(request))
         payload, headers = encode_infer_response(response, binary_default=decoded.binary_output_default,
                                                  labels=self.dp.labels(response.model_name, response.model_version))
@@ -164,7 +170,7 @@ class HttpApi:
     async def classify_image(self, request: Request) -> Response:
         """`POST /v2/models/{m}/classify?top_k=3&min_confidence=0.5` with a PNG/JPEG body (listing 1)."""
         p = request.path_params
-        self.dp.resolve(p["model"], p.get("version", ""))
+        self.dp.resolve(p["model"], p.get("version", ""), self._request_id(request))
         try:
             top_k = int(request.query_params.get("top_k", "3"))
             min_conf = float(request.query_params.get("min_confidence", "0"))
@@ -202,7 +208,9 @@ class HttpApi:
         data = np.array([t.encode("utf-8") for t in req.texts], dtype=object).reshape(shape)
         infer = InferenceRequest(request_id=self._request_id(request), model_name=req.model, model_version="",
                                  inputs=(Tensor(spec.name, "BYTES", shape, data),),
-                                 timeout_ms=client_timeout_ms(request.headers))
+                                 timeout_ms=client_timeout_ms(request.headers), received_s=received_s(request))
+        # refused now, before a thread is given its token count (a refused request's count would queue there)
+        self.dp.admit_early(req.model, "", infer.timeout_ms, infer.request_id)
         # the usage count tokenizes off the loop while the model runs (a model that cannot count reports 0)
         result, tokens = await asyncio.gather(self.dp.infer(infer, disconnect_watcher(request)),
                                               asyncio.to_thread(embeddings.count_tokens, served.model, req.texts))

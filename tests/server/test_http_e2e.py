@@ -200,7 +200,8 @@ async def test_a_predicted_delay_over_the_budget_gets_503_at_once(server: Runnin
         assert not blocker.done()
         for reply in (r, r2):
             assert reply.status_code == 503 and reply.json()["reason"] == "overloaded", reply.text
-            assert "latency budget of 300 ms" in reply.json()["error"] and int(reply.headers["Retry-After"]) >= 1
+            budget = re.search(r"latency budget of (\d+) ms", reply.json()["error"])  # 300 less the time spent
+            assert budget and 150 <= int(budget.group(1)) <= 300 and int(reply.headers["Retry-After"]) >= 1
         assert (await blocker).status_code == 200
         text = (await client.get("/metrics")).text
     assert 342 not in seen_tags(test_repo) and 343 not in seen_tags(test_repo)

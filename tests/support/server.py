@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from benchmarks.reliability.common import stop as stop_process  # SIGTERM, then SIGKILL after grace_s
 
 #: `headroom serve` flags for a repository of python-backend test models (refused under the default allowlist).
 TRUST_PYTHON = ("--trusted-backends", "onnxruntime,torch,llm,python")
@@ -80,10 +81,4 @@ def run_server(repo: Path, tmp: Path, args: Sequence[str] = (), ready_timeout_s:
             time.sleep(0.1)
         yield server
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc, grace_s=20.0)

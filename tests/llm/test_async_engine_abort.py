@@ -1,0 +1,87 @@
+"""AsyncLLMEngine: a stream closed while a step runs (a client that disconnected) is aborted at that step's end:
+the next step no longer carries it, and the gauges show it gone before that next step starts."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from headroom.core.clock import FakeClock
+from headroom.llm.async_engine import AsyncLLMEngine
+from headroom.llm.config import EngineConfig
+from headroom.llm.engine import LLMEngine
+from headroom.llm.request import SamplingParams
+from headroom.llm.runner import ModelBatch
+
+LONG = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+WAIT_S = 30.0  # generous bound for a thread handshake on a loaded machine
+
+
+class Gauges:
+    """An EngineObserver keeping every (running, waiting, kv usage) it is handed, with the step count then."""
+
+    def __init__(self, steps: Callable[[], int]) -> None:
+        self.steps = steps
+        self.seen: list[tuple[int, int, int, float]] = []  # (steps so far, running, waiting, kv usage)
+
+    def on_step(self, stats: Any) -> None:
+        self.on_gauges(stats.num_running, stats.num_waiting, stats.kv_cache_usage)
+
+    def on_token(self, req: Any, now_s: float, first: bool) -> None:
+        pass
+
+    def on_finish(self, req: Any, now_s: float) -> None:
+        pass
+
+    def on_gauges(self, num_running: int, num_waiting: int, kv_cache_usage: float) -> None:
+        self.seen.append((self.steps(), num_running, num_waiting, kv_cache_usage))
+
+
+async def test_a_stream_closed_during_a_step_is_aborted_at_that_steps_end(fake_runner: Callable[..., Any]) -> None:
+    runner = fake_runner(64, vocab_size=50)
+    execute = runner.execute
+    entered, release, progressed = threading.Event(), threading.Event(), threading.Event()
+    steps_after: list[int] = []  # set to the step count to wait for
+
+    def gated(batch: ModelBatch) -> torch.Tensor:
+        # hold the first step that runs both requests: the step in flight when the client goes away
+        if not entered.is_set() and {it.request_id for it in batch.items} >= {"gone", "stays"}:
+            entered.set()
+            release.wait(WAIT_S)
+        out: torch.Tensor = execute(batch)
+        if steps_after and len(runner.batches) >= steps_after[0]:
+            progressed.set()
+        return out
+
+    runner.execute = gated
+    gauges = Gauges(lambda: len(runner.batches))
+    engine = LLMEngine(runner, EngineConfig(block_size_tokens=4), max_model_len=256, clock=FakeClock(),
+                       observer=gauges)
+    async_engine = AsyncLLMEngine(engine)
+    async_engine.start()
+    stays = None
+    try:
+        gone = await async_engine.generate("gone", [1, 2, 3], LONG)
+        stays = await async_engine.generate("stays", [4, 5, 6], LONG)
+        assert await asyncio.to_thread(entered.wait, WAIT_S)
+        held_step = len(runner.batches)  # the held step has not called the fake's execute yet
+        await gone.aclose()  # type: ignore[attr-defined]  # the client left mid-step: the abort is queued
+        steps_after.append(held_step + 4)
+        release.set()
+        assert await asyncio.to_thread(progressed.wait, WAIT_S)  # the survivor went on for 3 more steps
+        later = runner.batches[held_step + 1 :]
+        assert later and all(it.request_id != "gone" for b in later for it in b.items)
+        assert any(it.request_id == "gone" for it in runner.batches[held_step].items)  # it was in the held step
+        # the abort's gauges were published before any step after the held one ran
+        first_alone = next(s for s in gauges.seen if s[0] > held_step and s[1] == 1)
+        assert first_alone[0] == held_step + 1, gauges.seen
+    finally:
+        release.set()
+        if stays is not None:
+            await stays.aclose()  # type: ignore[attr-defined]
+        await async_engine.stop()
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
