@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from headroom.core.lifecycle import ServingLifecycle
 from headroom.llm.async_engine import AsyncLLMEngine
 from headroom.llm.config import EngineConfig
+from headroom.llm.kv_cache import CachedBlocks
 from headroom.llm.metrics import LLMMetrics
 from headroom.llm.offline import DEFAULT_MODEL, LoadReport, load_engine
 from headroom.llm.request import SamplingParams
@@ -89,6 +90,11 @@ class LLMService:
         if self.engine is not None:
             await self.engine.stop()
         self.serving.engine = None
+
+    def cached_blocks(self) -> tuple[int, CachedBlocks] | None:
+        """(block size in tokens, the prefix cache's published block hashes); None until the engine runs."""
+        engine = self.engine
+        return None if engine is None else (self.engine_config.block_size_tokens, engine.cached_blocks())
 
     def ready(self) -> bool:
         return self.engine is not None and self.engine.healthy and self.serving.engine is not None

@@ -16,6 +16,11 @@ One entry point, `choose(policy, snapshots, request_key, state, now_s, rng, conf
                           overloaded wins; no key, or every replica overloaded, falls back to P2C.
 * ``prefix``              like ``affinity`` on the first `prefix_len_chars` of the prompt, so requests that
                           share a prompt prefix reach the replica whose prefix cache already holds it.
+* ``cache_aware``         the replica holding the longest run of this prompt's leading KV blocks (each
+                          snapshot's `prefix_match_blocks`, from the blocks replicas publish, see
+                          `headroom.router.prefix_index`); ties go to the lower load, then lower latency, then
+                          at random; an overloaded replica is passed over for the next-longest match; no match
+                          anywhere (or every matching replica overloaded) falls back to peak-EWMA P2C.
 
 "Overloaded" (bounded-load consistent hashing, Mirrokni et al. 2018, c = 1.25): the replica holds at least
 its `capacity`, or more than max(`affinity_min_slack`, c x the mean load of routable replicas).
@@ -30,7 +35,7 @@ from dataclasses import dataclass
 
 from headroom.router.snapshot import ReplicaSnapshot, RouterState, routable
 
-POLICIES = ("round_robin", "least_outstanding", "p2c", "peak_ewma", "affinity", "prefix")
+POLICIES = ("round_robin", "least_outstanding", "p2c", "peak_ewma", "affinity", "prefix", "cache_aware")
 
 #: Finagle PeakEwma `Penalty` analogue: cost of a replica with requests in flight but no latency sample yet.
 _NO_SAMPLE_PENALTY_S = 1e3
@@ -56,7 +61,7 @@ class RouteDecision:
     """Where to send a request, and why."""
 
     replica_id: str | None  # chosen replica; None when no replica is routable (answer 503 not_ready)
-    reason: str  # short tag for logs/metrics: "policy", "affinity", "affinity_spill", "fallback", "none"
+    reason: str  # short tag: "policy", "affinity", "affinity_spill", "cache_hit", "cache_spill", "fallback", "none"
 
 
 def prefix_key(prompt: str | Sequence[int], prefix_len: int) -> str:
@@ -102,10 +107,24 @@ def _overloaded(s: ReplicaSnapshot, mean_load: float, cfg: RoutingConfig) -> boo
     return s.overloaded() or s.load() > max(cfg.affinity_min_slack, cfg.affinity_load_factor * mean_load)
 
 
+def _cache_aware(cands: tuple[ReplicaSnapshot, ...], rng: random.Random, cfg: RoutingConfig) -> RouteDecision:
+    mean_load = sum(s.load() for s in cands) / len(cands)
+    shuffled = list(cands)
+    rng.shuffle(shuffled)  # the random last tie-break (sorted() is stable)
+    ranked = sorted(shuffled, key=lambda s: (-s.prefix_match_blocks, s.load(), s.ewma_latency_s))
+    for rank, s in enumerate(ranked):
+        if s.prefix_match_blocks == 0:
+            break
+        if not _overloaded(s, mean_load, cfg):
+            return RouteDecision(s.replica_id, "cache_hit" if rank == 0 else "cache_spill")
+    return RouteDecision(_p2c(cands, rng, ewma_cost=True).replica_id, "fallback")
+
+
 def choose(policy: str, snapshots: Sequence[ReplicaSnapshot], request_key: str | None, state: RouterState,
            now_s: float, rng: random.Random,
            config: RoutingConfig | None = None) -> tuple[RouteDecision, RouterState]:
-    """Pick a replica for one request. `request_key` is the session key (affinity) or the prompt (prefix)."""
+    """Pick a replica for one request. `request_key` is the session key (affinity) or the prompt (prefix);
+    cache_aware reads each snapshot's `prefix_match_blocks` instead."""
     cfg = config or RoutingConfig()
     if policy not in POLICIES:
         raise ValueError(f"unknown routing policy {policy!r}; choose one of {', '.join(POLICIES)}")
@@ -124,6 +143,8 @@ def choose(policy: str, snapshots: Sequence[ReplicaSnapshot], request_key: str |
         return RouteDecision(pick.replica_id, "policy"), state
     if policy in ("p2c", "peak_ewma"):
         return RouteDecision(_p2c(cands, rng, policy == "peak_ewma").replica_id, "policy"), state
+    if policy == "cache_aware":
+        return _cache_aware(cands, rng, cfg), state
     # affinity / prefix
     if not request_key:
         return RouteDecision(_p2c(cands, rng, ewma_cost=True).replica_id, "fallback"), state

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import orjson
 
@@ -10,7 +11,20 @@ import orjson
 MAX_KEY_BODY_BYTES = 1024 * 1024
 
 
-def _json(body: bytes) -> dict[str, object] | None:
+@dataclass(frozen=True, slots=True)
+class PrefixKey:
+    """What cache-aware routing knows about one request (`headroom.router.prompt_hasher` makes it)."""
+
+    model: str  # the served model name the request asks for
+    block_hashes: tuple[int, ...]  # its prompt's leading full-block hashes (the engine's), in order
+
+
+#: what `choose` routes one request by: a session key or prompt text, a prompt's block hashes, or nothing
+RouteKey = str | PrefixKey | None
+
+
+def json_body(body: bytes) -> dict[str, object] | None:
+    """The body as a JSON object, or None (not JSON, not an object, or too large to parse for a key)."""
     if not body or len(body) > MAX_KEY_BODY_BYTES or body[:1] not in (b"{", b" ", b"\n"):
         return None
     try:
@@ -39,10 +53,10 @@ def request_key(policy: str, headers: Mapping[str, str], body: bytes, affinity_h
         header = headers.get(affinity_header)
         if header:
             return header
-        doc = _json(body)
+        doc = json_body(body)
         user = doc.get("user") if doc else None
         return user if isinstance(user, str) and user else None
     if policy == "prefix":
-        doc = _json(body)
+        doc = json_body(body)
         return _prompt_text(doc) if doc else None
     return None

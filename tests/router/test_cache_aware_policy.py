@@ -1,0 +1,55 @@
+"""The cache_aware policy on hand-built snapshots: longest cached prefix, load as tie-breaker and guard."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from headroom.router.policies import choose
+from headroom.router.snapshot import ReplicaSnapshot, RouterState
+
+
+def _snap(rid: str, match: int, load: int = 0, latency_s: float = 0.01, **kw: object) -> ReplicaSnapshot:
+    return ReplicaSnapshot(rid, outstanding=load, ewma_latency_s=latency_s, prefix_match_blocks=match, **kw)  # type: ignore[arg-type]
+
+
+def _pick(*snaps: ReplicaSnapshot, seed: int = 0) -> tuple[str | None, str]:
+    d, _ = choose("cache_aware", snaps, None, RouterState(), 0.0, random.Random(seed))
+    return d.replica_id, d.reason
+
+
+def test_the_longest_cached_prefix_wins() -> None:
+    for seed in range(20):
+        assert _pick(_snap("r0", 2), _snap("r1", 7), _snap("r2", 0), seed=seed) == ("r1", "cache_hit")
+
+
+def test_equal_matches_go_to_the_lower_load_then_the_lower_latency() -> None:
+    assert _pick(_snap("r0", 5, load=2), _snap("r1", 5, load=1)) == ("r1", "cache_hit")
+    assert _pick(_snap("r0", 5, latency_s=0.2), _snap("r1", 5, latency_s=0.1)) == ("r1", "cache_hit")
+
+
+def test_exact_ties_are_broken_at_random() -> None:
+    picks = Counter(_pick(_snap("r0", 3), _snap("r1", 3), seed=seed)[0] for seed in range(200))
+    assert picks["r0"] > 50 and picks["r1"] > 50
+
+
+def test_an_overloaded_holder_is_passed_over_for_the_next_longest_match() -> None:
+    # r0 holds the most but has far more than 1.25 x the mean load in flight: r1's shorter match wins
+    assert _pick(_snap("r0", 9, load=12), _snap("r1", 4, load=1), _snap("r2", 0, load=1)) == ("r1", "cache_spill")
+    # at low load the guard does not fire (min slack 2): the holder keeps its requests
+    assert _pick(_snap("r0", 9, load=2), _snap("r1", 0, load=0)) == ("r0", "cache_hit")
+    # a replica at its capacity is overloaded whatever the mean
+    assert _pick(_snap("r0", 9, load=3, capacity=3), _snap("r1", 1, load=3, capacity=8)) == ("r1", "cache_spill")
+
+
+def test_no_match_or_every_holder_overloaded_falls_back_to_load() -> None:
+    rid, reason = _pick(_snap("r0", 0, load=5), _snap("r1", 0, load=0))
+    assert reason == "fallback"
+    rid, reason = _pick(_snap("r0", 9, load=20), _snap("r1", 0, load=0), _snap("r2", 0, load=0))
+    assert reason == "fallback" and rid in ("r1", "r2")  # P2C between the idle ones and the busy one
+
+
+def test_unready_and_ejected_replicas_are_never_chosen_for_their_cache() -> None:
+    assert _pick(_snap("r0", 9, ready=False), _snap("r1", 1)) == ("r1", "cache_hit")
+    assert _pick(_snap("r0", 9, ejected_until_s=5.0), _snap("r1", 1)) == ("r1", "cache_hit")
+    assert _pick(_snap("r0", 9, ready=False)) == (None, "none")
