@@ -40,7 +40,7 @@ log = logging.getLogger("headroom.router")
 class PrefixIndexConfig:
     """Knobs of the router's record of replicas' prefix caches."""
 
-    tokenizers_from: str = ""  # model repository whose LLM tokenizers hash prompts ("" = none: routed by load)
+    tokenizers_from: str = ""  # model repository with the LLM tokenizers ("" = none; `headroom route`: its own)
     routed_ttl_s: float = 10.0  # a routed request's blocks count as cached there this long
     max_routed_blocks: int = 8192  # per replica (oldest forgotten first)
 
