@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +65,7 @@ class PrefixIndex:
         self._replicas: dict[str, _Replica] = {}
         self.tenant: str | None = None  # the tenant the replicas cache requests under (from their answers)
         self.polls_failed = 0  # answers that were missing or malformed
+        self.routed = Counter[str]()  # requests sent where some of their blocks were cached ("with_match") or not
 
     @classmethod
     def for_policy(cls, policy: str, config: PrefixIndexConfig, hasher: PromptHasher | None) -> PrefixIndex | None:
@@ -102,6 +103,7 @@ class PrefixIndex:
 
     def note_routed(self, replica_id: str, key: PrefixKey, now_s: float) -> None:
         """The router sent a request with `key` to `replica_id`."""
+        self.routed["with_match" if self.match_blocks(replica_id, key, now_s) else "without_match"] += 1
         cfg = self.config
         routed = self._replicas.setdefault(replica_id, _Replica()).routed
         for h in key.block_hashes:

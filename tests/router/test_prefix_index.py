@@ -27,6 +27,8 @@ def test_matches_count_leading_published_blocks_only() -> None:
 def test_routed_blocks_count_until_their_ttl_and_stay_bounded() -> None:
     index = PrefixIndex(PrefixIndexConfig(routed_ttl_s=5.0, max_routed_blocks=6))
     index.note_routed("a", KEY, now_s=100.0)
+    index.note_routed("a", KEY, now_s=100.0)
+    assert index.routed == {"without_match": 1, "with_match": 1}
     assert index.match_blocks("a", KEY, 104.9) == 4
     assert index.match_blocks("a", KEY, 105.1) == 0
     index.note_routed("a", PrefixKey("m", (1, 2, 3, 4)), now_s=200.0)  # 8 blocks noted, 6 kept: oldest go
