@@ -105,6 +105,8 @@ class PrefixIndex:
         """The router sent a request with `key` to `replica_id`."""
         self.routed["with_match" if self.match_blocks(replica_id, key, now_s) else "without_match"] += 1
         cfg = self.config
+        if cfg.routed_ttl_s <= 0:
+            return
         routed = self._replicas.setdefault(replica_id, _Replica()).routed
         for h in key.block_hashes:
             routed[(key.model, h)] = now_s + cfg.routed_ttl_s

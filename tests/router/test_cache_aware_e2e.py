@@ -71,7 +71,7 @@ async def test_requests_go_to_the_replica_holding_their_prefix(replicas: list[Ru
     assert index is not None
 
     def matched(rid: str, key: PrefixKey) -> bool:
-        return index.match_blocks(rid, key, 0.0) == len(key.block_hashes)
+        return index.match_blocks(rid, key, router.clock.now_s()) == len(key.block_hashes)
 
     async with serve_asgi(router.app, lifespan="on") as url, httpx.AsyncClient(timeout=120.0) as client:
         await _until(lambda: all(s.ready for s in router.snapshots()), "both replicas ready")

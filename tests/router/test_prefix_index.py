@@ -36,6 +36,12 @@ def test_routed_blocks_count_until_their_ttl_and_stay_bounded() -> None:
     assert index.match_blocks("a", PrefixKey("m", (1, 2, 3, 4)), 200.0) == 4
 
 
+def test_a_zero_ttl_records_nothing() -> None:
+    index = PrefixIndex(PrefixIndexConfig(routed_ttl_s=0.0))
+    index.note_routed("a", KEY, now_s=100.0)
+    assert index.match_blocks("a", KEY, 50.0) == 0 and index.routed == {"without_match": 1}
+
+
 def test_stamp_sets_each_snapshot_and_retain_forgets_departed_replicas() -> None:
     index = PrefixIndex(PrefixIndexConfig(routed_ttl_s=0.0))
     index.update("a", _published(11, 12))
