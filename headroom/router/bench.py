@@ -88,7 +88,8 @@ def simulate_prefix_cache(policy: str, n_replicas: int, cache_entries: int, n_pr
         prompt = f"<system prompt #{prefix}>" * 20 + f" question {rng.random()}"  # prefix > 256 chars
         view = snaps if policy != "cache_aware" else [  # cache_aware: what each replica's LRU holds, exactly
             dataclasses.replace(s, prefix_match_blocks=int(prefix in caches[i])) for i, s in enumerate(snaps)]
-        decision, state = choose(policy, view, prompt, state, 0.0, rng)
+        key = prompt[:256] if policy == "cache_aware" else prompt  # cache_aware places misses by the first blocks
+        decision, state = choose(policy, view, key, state, 0.0, rng)
         cache = caches[int((decision.replica_id or "r0")[1:])]
         if prefix in cache:
             hits += 1

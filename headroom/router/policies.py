@@ -20,7 +20,9 @@ One entry point, `choose(policy, snapshots, request_key, state, now_s, rng, conf
                           snapshot's `prefix_match_blocks`, from the blocks replicas publish, see
                           `headroom.router.prefix_index`); ties go to the lower load, then lower latency, then
                           at random; an overloaded replica is passed over for the next-longest match; no match
-                          anywhere (or every matching replica overloaded) falls back to peak-EWMA P2C.
+                          anywhere (or every matching replica overloaded): placed like ``affinity`` on the
+                          request key (the hash of the prompt's first blocks, `PrefixKey.placement_key`), so
+                          new prefixes spread evenly over the caches; no key: peak-EWMA P2C.
 
 "Overloaded" (bounded-load consistent hashing, Mirrokni et al. 2018, c = 1.25): the replica holds at least
 its `capacity`, or more than max(`affinity_min_slack`, c x the mean load of routable replicas).
@@ -107,7 +109,7 @@ def _overloaded(s: ReplicaSnapshot, mean_load: float, cfg: RoutingConfig) -> boo
     return s.overloaded() or s.load() > max(cfg.affinity_min_slack, cfg.affinity_load_factor * mean_load)
 
 
-def _cache_aware(cands: tuple[ReplicaSnapshot, ...], rng: random.Random, cfg: RoutingConfig) -> RouteDecision:
+def _cache_aware(cands: tuple[ReplicaSnapshot, ...], rng: random.Random, cfg: RoutingConfig) -> RouteDecision | None:
     mean_load = sum(s.load() for s in cands) / len(cands)
     shuffled = list(cands)
     rng.shuffle(shuffled)  # the random last tie-break (sorted() is stable)
@@ -117,14 +119,14 @@ def _cache_aware(cands: tuple[ReplicaSnapshot, ...], rng: random.Random, cfg: Ro
             break
         if not _overloaded(s, mean_load, cfg):
             return RouteDecision(s.replica_id, "cache_hit" if rank == 0 else "cache_spill")
-    return RouteDecision(_p2c(cands, rng, ewma_cost=True).replica_id, "fallback")
+    return None  # nobody (not overloaded) holds it: place it like `affinity` on the placement key
 
 
 def choose(policy: str, snapshots: Sequence[ReplicaSnapshot], request_key: str | None, state: RouterState,
            now_s: float, rng: random.Random,
            config: RoutingConfig | None = None) -> tuple[RouteDecision, RouterState]:
-    """Pick a replica for one request. `request_key` is the session key (affinity) or the prompt (prefix);
-    cache_aware reads each snapshot's `prefix_match_blocks` instead."""
+    """Pick a replica for one request. `request_key` is the session key (affinity), the prompt (prefix) or the
+    placement key of a prompt's blocks (cache_aware, which reads each snapshot's `prefix_match_blocks` first)."""
     cfg = config or RoutingConfig()
     if policy not in POLICIES:
         raise ValueError(f"unknown routing policy {policy!r}; choose one of {', '.join(POLICIES)}")
@@ -143,9 +145,9 @@ def choose(policy: str, snapshots: Sequence[ReplicaSnapshot], request_key: str |
         return RouteDecision(pick.replica_id, "policy"), state
     if policy in ("p2c", "peak_ewma"):
         return RouteDecision(_p2c(cands, rng, policy == "peak_ewma").replica_id, "policy"), state
-    if policy == "cache_aware":
-        return _cache_aware(cands, rng, cfg), state
-    # affinity / prefix
+    if policy == "cache_aware" and (hit := _cache_aware(cands, rng, cfg)) is not None:
+        return hit, state
+    # affinity / prefix / a cache_aware miss
     if not request_key:
         return RouteDecision(_p2c(cands, rng, ewma_cost=True).replica_id, "fallback"), state
     key = request_key[: cfg.prefix_len_chars] if policy == "prefix" else request_key

@@ -217,9 +217,9 @@ class Router:
         snaps = [s for s in self.snapshots() if s.replica_id not in exclude
                  and (self.canary is None or not arm or self.canary.in_arm(arm, s.version))]
         now, blocks = self.clock.now_s(), key if isinstance(key, PrefixKey) else None
-        if self.prefix is not None:
-            snaps = self.prefix.stamp(snaps, blocks, now)
-        decision, self.route_state = choose(self.config.policy, snaps, key if isinstance(key, str) else None,
+        snaps = self.prefix.stamp(snaps, blocks, now) if self.prefix is not None else snaps
+        decision, self.route_state = choose(self.config.policy, snaps,
+                                            key.placement_key() if isinstance(key, PrefixKey) else key,
                                             self.route_state, now, self.rng, self.config.routing)
         if self.prefix is not None and blocks is not None and decision.replica_id is not None:
             self.prefix.note_routed(decision.replica_id, blocks, now)

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 import orjson
 
+#: cache_aware places a prefix no replica holds by its first this many blocks (64 tokens at 16 per block: about
+#: the 256 characters `prefix` hashes), so prompts that share them land together and new ones spread evenly
+PLACEMENT_BLOCKS = 4
 #: Bodies larger than this are not parsed for a routing key (route them by load instead).
 MAX_KEY_BODY_BYTES = 1024 * 1024
 
@@ -17,6 +20,13 @@ class PrefixKey:
 
     model: str  # the served model name the request asks for
     block_hashes: tuple[int, ...]  # its prompt's leading full-block hashes (the engine's), in order
+
+    def placement_key(self, blocks: int = PLACEMENT_BLOCKS) -> str | None:
+        """Where a prefix no replica holds goes: the chained hash of its first `blocks` blocks (it covers them
+        all), the model too; None for a prompt shorter than one block."""
+        if not self.block_hashes:
+            return None
+        return f"{self.model}:{self.block_hashes[min(blocks, len(self.block_hashes)) - 1]:016x}"
 
 
 #: what `choose` routes one request by: a session key or prompt text, a prompt's block hashes, or nothing

@@ -14,8 +14,8 @@ def _snap(rid: str, match: int, load: int = 0, latency_s: float = 0.01, **kw: ob
     return ReplicaSnapshot(rid, outstanding=load, ewma_latency_s=latency_s, prefix_match_blocks=match, **kw)  # type: ignore[arg-type]
 
 
-def _pick(*snaps: ReplicaSnapshot, seed: int = 0) -> tuple[str | None, str]:
-    d, _ = choose("cache_aware", snaps, None, RouterState(), 0.0, random.Random(seed))
+def _pick(*snaps: ReplicaSnapshot, seed: int = 0, key: str | None = None) -> tuple[str | None, str]:
+    d, _ = choose("cache_aware", snaps, key, RouterState(), 0.0, random.Random(seed))
     return d.replica_id, d.reason
 
 
@@ -41,6 +41,21 @@ def test_an_overloaded_holder_is_passed_over_for_the_next_longest_match() -> Non
     assert _pick(_snap("r0", 9, load=2), _snap("r1", 0, load=0)) == ("r0", "cache_hit")
     # a replica at its capacity is overloaded whatever the mean
     assert _pick(_snap("r0", 9, load=3, capacity=3), _snap("r1", 1, load=3, capacity=8)) == ("r1", "cache_spill")
+
+
+def test_a_prefix_nobody_holds_is_placed_by_its_key_and_new_prefixes_spread() -> None:
+    idle = (_snap("r0", 0), _snap("r1", 0), _snap("r2", 0))
+    placed = {_pick(*idle, seed=seed, key="m:00ab")[0] for seed in range(10)}
+    assert len(placed) == 1 and _pick(*idle, key="m:00ab")[1] == "affinity"  # the same key: the same replica
+    spread = Counter(_pick(*idle, key=f"m:{k:04x}")[0] for k in range(300))
+    assert min(spread.values()) > 60  # distinct prefixes spread over the caches (rendezvous hashing)
+    home = _pick(*idle, key="m:00ab")[0]
+    busy = [_snap(s.replica_id, 0, load=20 if s.replica_id == home else 0) for s in idle]
+    assert _pick(*busy, key="m:00ab")[1] == "affinity_spill"  # bounded load still applies
+    # a holder that is overloaded sends the request to the key's replica among the others
+    held = [_snap(s.replica_id, 5 if s.replica_id == home else 0, load=20 if s.replica_id == home else 0)
+            for s in idle]
+    assert _pick(*held, key="m:00ab") == (_pick(*busy, key="m:00ab")[0], "affinity_spill")
 
 
 def test_no_match_or_every_holder_overloaded_falls_back_to_load() -> None:

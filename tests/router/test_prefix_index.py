@@ -53,6 +53,12 @@ def test_stamp_sets_each_snapshot_and_retain_forgets_departed_replicas() -> None
     assert [s.prefix_match_blocks for s in index.stamp(snaps, KEY, 0.0)] == [0, 1, 0]
 
 
+def test_the_placement_key_covers_the_first_blocks() -> None:
+    assert KEY.placement_key(blocks=2) == f"m:{12:016x}"  # the chained hash of block 2 covers blocks 1 and 2
+    assert KEY.placement_key(blocks=9) == f"m:{14:016x}"  # a shorter prompt: its last block
+    assert PrefixKey("m", ()).placement_key() is None
+
+
 def test_only_the_cache_aware_policy_gets_an_index() -> None:
     assert PrefixIndex.for_policy("p2c", PrefixIndexConfig(), None) is None
     assert PrefixIndex.for_policy("cache_aware", PrefixIndexConfig(), None) is not None
