@@ -85,7 +85,7 @@ class PrefixIndex:
         self._load_tried = True
         try:
             self.hasher = await asyncio.to_thread(load_prompt_hasher, Path(self.config.tokenizers_from))
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # whatever the files hold, the health-check loop that called this goes on
             log.error("cache_aware: cannot load tokenizers from %s (%s); routing by load", self.config.tokenizers_from,
                       exc)
             return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from headroom.llm.prefix_blocks import ModelBlocks
 from headroom.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from headroom.router.request_keys import PrefixKey
@@ -62,3 +64,12 @@ def test_the_placement_key_covers_the_first_blocks() -> None:
 def test_only_the_cache_aware_policy_gets_an_index() -> None:
     assert PrefixIndex.for_policy("p2c", PrefixIndexConfig(), None) is None
     assert PrefixIndex.for_policy("cache_aware", PrefixIndexConfig(), None) is not None
+
+
+async def test_unreadable_tokenizers_leave_requests_routed_by_load(tmp_path: Path) -> None:
+    (tmp_path / "llm").mkdir()
+    (tmp_path / "llm" / "config.yaml").write_text("backend: llm\nparameters: {gguf: /nonexistent/x.gguf}\n")
+    index = PrefixIndex(PrefixIndexConfig(tokenizers_from=str(tmp_path)))
+    await index.load_hasher()  # logged, not raised: the health-check loop calling it must go on
+    index.tenant = "anonymous"
+    assert index.hasher is None and await index.key(b'{"prompt": "hello"}') is None
