@@ -18,8 +18,10 @@ One entry point, `choose(policy, snapshots, request_key, state, now_s, rng, conf
                           share a prompt prefix reach the replica whose prefix cache already holds it.
 * ``cache_aware``         the replica holding the longest run of this prompt's leading KV blocks (each
                           snapshot's `prefix_match_blocks`, from the blocks replicas publish, see
-                          `headroom.router.prefix_index`); ties go to the lower load, then lower latency, then
-                          at random; an overloaded replica is passed over for the next-longest match; no match
+                          `headroom.router.prefix_index`); among equal matches the request key's rendezvous
+                          home first (without a key: lower load, then latency, then at random), so a copy made
+                          by a spill does not split the prefix's traffic and double its cache footprint; an
+                          overloaded replica is passed over for the next-longest match; no match
                           anywhere (or every matching replica overloaded): placed like ``affinity`` on the
                           request key (the hash of the prompt's first blocks, `PrefixKey.placement_key`), so
                           new prefixes spread evenly over the caches; no key: peak-EWMA P2C.
@@ -109,11 +111,16 @@ def _overloaded(s: ReplicaSnapshot, mean_load: float, cfg: RoutingConfig) -> boo
     return s.overloaded() or s.load() > max(cfg.affinity_min_slack, cfg.affinity_load_factor * mean_load)
 
 
-def _cache_aware(cands: tuple[ReplicaSnapshot, ...], rng: random.Random, cfg: RoutingConfig) -> RouteDecision | None:
+def _cache_aware(cands: tuple[ReplicaSnapshot, ...], key: str | None, rng: random.Random,
+                 cfg: RoutingConfig) -> RouteDecision | None:
     mean_load = sum(s.load() for s in cands) / len(cands)
     shuffled = list(cands)
     rng.shuffle(shuffled)  # the random last tie-break (sorted() is stable)
-    ranked = sorted(shuffled, key=lambda s: (-s.prefix_match_blocks, s.load(), s.ewma_latency_s))
+    if key:  # equal matches: the prefix's rendezvous home first, so a spilled copy does not become a second owner
+        home = {s.replica_id: i for i, s in enumerate(hrw_rank(key, cands))}
+        ranked = sorted(shuffled, key=lambda s: (-s.prefix_match_blocks, home[s.replica_id]))
+    else:
+        ranked = sorted(shuffled, key=lambda s: (-s.prefix_match_blocks, s.load(), s.ewma_latency_s))
     for rank, s in enumerate(ranked):
         if s.prefix_match_blocks == 0:
             break
@@ -145,7 +152,7 @@ def choose(policy: str, snapshots: Sequence[ReplicaSnapshot], request_key: str |
         return RouteDecision(pick.replica_id, "policy"), state
     if policy in ("p2c", "peak_ewma"):
         return RouteDecision(_p2c(cands, rng, policy == "peak_ewma").replica_id, "policy"), state
-    if policy == "cache_aware" and (hit := _cache_aware(cands, rng, cfg)) is not None:
+    if policy == "cache_aware" and (hit := _cache_aware(cands, request_key, rng, cfg)) is not None:
         return hit, state
     # affinity / prefix / a cache_aware miss
     if not request_key:

@@ -29,6 +29,17 @@ def test_equal_matches_go_to_the_lower_load_then_the_lower_latency() -> None:
     assert _pick(_snap("r0", 5, latency_s=0.2), _snap("r1", 5, latency_s=0.1)) == ("r1", "cache_hit")
 
 
+def test_with_a_key_equal_matches_go_to_the_prefix_home_whatever_the_load() -> None:
+    """Two replicas hold the prefix (one got it in a spill): its rendezvous home keeps it, unless overloaded;
+    choosing by load would split the traffic and keep two copies of every hot prefix."""
+    home = _pick(_snap("r0", 0), _snap("r1", 0), key="m:beef")[0]
+    other = "r1" if home == "r0" else "r0"
+    both = (_snap(home, 4, load=2), _snap(other, 4, load=0))
+    assert _pick(*both, key="m:beef") == (home, "cache_hit")
+    assert _pick(_snap(home, 4, load=9), _snap(other, 4, load=0), key="m:beef") == (other, "cache_spill")
+    assert _pick(_snap(home, 3), _snap(other, 4, load=1), key="m:beef") == (other, "cache_hit")  # longer wins
+
+
 def test_exact_ties_are_broken_at_random() -> None:
     picks = Counter(_pick(_snap("r0", 3), _snap("r1", 3), seed=seed)[0] for seed in range(200))
     assert picks["r0"] > 50 and picks["r1"] > 50
