@@ -22,9 +22,10 @@ One entry point, `choose(policy, snapshots, request_key, state, now_s, rng, conf
                           home first (without a key: lower load, then latency, then at random), so a copy made
                           by a spill does not split the prefix's traffic and double its cache footprint; an
                           overloaded replica is passed over for the next-longest match; no match
-                          anywhere (or every matching replica overloaded): placed like ``affinity`` on the
-                          request key (the hash of the prompt's first blocks, `PrefixKey.placement_key`), so
-                          new prefixes spread evenly over the caches; no key: peak-EWMA P2C.
+                          anywhere (or every matching replica overloaded): placed on the replica holding the
+                          fewest blocks (`cached_blocks`), ties to the request key's rendezvous home (the key
+                          is the hash of the prompt's first blocks, `PrefixKey.placement_key`), so new prefixes
+                          fill the emptiest cache; every replica overloaded, or no key: peak-EWMA P2C.
 
 "Overloaded" (bounded-load consistent hashing, Mirrokni et al. 2018, c = 1.25): the replica holds at least
 its `capacity`, or more than max(`affinity_min_slack`, c x the mean load of routable replicas).
@@ -65,7 +66,7 @@ class RouteDecision:
     """Where to send a request, and why."""
 
     replica_id: str | None  # chosen replica; None when no replica is routable (answer 503 not_ready)
-    reason: str  # short tag: "policy", "affinity", "affinity_spill", "cache_hit", "cache_spill", "fallback", "none"
+    reason: str  # "policy", "affinity", "affinity_spill", "cache_hit", "cache_spill", "cache_place", "fallback", "none"
 
 
 def prefix_key(prompt: str | Sequence[int], prefix_len: int) -> str:
@@ -126,7 +127,18 @@ def _cache_aware(cands: tuple[ReplicaSnapshot, ...], key: str | None, rng: rando
             break
         if not _overloaded(s, mean_load, cfg):
             return RouteDecision(s.replica_id, "cache_hit" if rank == 0 else "cache_spill")
-    return None  # nobody (not overloaded) holds it: place it like `affinity` on the placement key
+    return None  # nobody (not overloaded) holds it: `_place` it
+
+
+def _place(cands: tuple[ReplicaSnapshot, ...], key: str, cfg: RoutingConfig) -> RouteDecision | None:
+    """A prefix nobody holds goes to the replica holding the fewest blocks (SGLang's router: the smallest tree),
+    ties to the key's rendezvous home; overloaded replicas are skipped."""
+    mean_load = sum(s.load() for s in cands) / len(cands)
+    home = {s.replica_id: i for i, s in enumerate(hrw_rank(key, cands))}
+    for s in sorted(cands, key=lambda s: (s.cached_blocks, home[s.replica_id])):
+        if not _overloaded(s, mean_load, cfg):
+            return RouteDecision(s.replica_id, "cache_place")
+    return None
 
 
 def choose(policy: str, snapshots: Sequence[ReplicaSnapshot], request_key: str | None, state: RouterState,
@@ -152,8 +164,10 @@ def choose(policy: str, snapshots: Sequence[ReplicaSnapshot], request_key: str |
         return RouteDecision(pick.replica_id, "policy"), state
     if policy in ("p2c", "peak_ewma"):
         return RouteDecision(_p2c(cands, rng, policy == "peak_ewma").replica_id, "policy"), state
-    if policy == "cache_aware" and (hit := _cache_aware(cands, request_key, rng, cfg)) is not None:
-        return hit, state
+    if policy == "cache_aware":
+        hit = _cache_aware(cands, request_key, rng, cfg) or (_place(cands, request_key, cfg) if request_key else None)
+        if hit is not None:
+            return hit, state
     # affinity / prefix / a cache_aware miss
     if not request_key:
         return RouteDecision(_p2c(cands, rng, ewma_cost=True).replica_id, "fallback"), state

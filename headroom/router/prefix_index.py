@@ -108,6 +108,8 @@ class PrefixIndex:
         if cfg.routed_ttl_s <= 0:
             return
         routed = self._replicas.setdefault(replica_id, _Replica()).routed
+        while routed and next(iter(routed.values())) < now_s:  # oldest first: drop what has expired
+            routed.popitem(last=False)
         for h in key.block_hashes:
             routed[(key.model, h)] = now_s + cfg.routed_ttl_s
             routed.move_to_end((key.model, h))
@@ -133,8 +135,17 @@ class PrefixIndex:
         """The snapshots with `prefix_match_blocks` set for this request (0 everywhere without a key)."""
         if key is None or not key.block_hashes:
             return list(snapshots)
-        return [dataclasses.replace(s, prefix_match_blocks=self.match_blocks(s.replica_id, key, now_s))
+        return [dataclasses.replace(s, prefix_match_blocks=self.match_blocks(s.replica_id, key, now_s),
+                                    cached_blocks=self.cached_blocks(s.replica_id, key.model))
                 for s in snapshots]
+
+    def cached_blocks(self, replica_id: str, model: str) -> int:
+        """About how many blocks of `model` the replica holds: published, plus recently routed (any model)."""
+        r = self._replicas.get(replica_id)
+        if r is None:
+            return 0
+        published = r.published.get(model)
+        return (len(published.hashes) if published is not None else 0) + len(r.routed)
 
     async def poll(self, client: httpx.AsyncClient, replicas: Sequence[Upstream], timeout_s: float) -> None:
         """Fetch every replica's published blocks concurrently (a failed fetch keeps the last answer) and forget

@@ -27,6 +27,7 @@ class ReplicaSnapshot:
     ejected_until_s: float = 0.0  # passive outlier ejection: no traffic before this time
     version: str = ""  # model version it serves (canary rollouts split traffic by version)
     prefix_match_blocks: int = 0  # cache_aware: leading blocks of this request's prompt it holds cached
+    cached_blocks: int = 0  # cache_aware: blocks it holds for the request's model (published + routed recently)
 
     def __post_init__(self) -> None:
         if self.capacity < 1:

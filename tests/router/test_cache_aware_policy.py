@@ -54,19 +54,20 @@ def test_an_overloaded_holder_is_passed_over_for_the_next_longest_match() -> Non
     assert _pick(_snap("r0", 9, load=3, capacity=3), _snap("r1", 1, load=3, capacity=8)) == ("r1", "cache_spill")
 
 
-def test_a_prefix_nobody_holds_is_placed_by_its_key_and_new_prefixes_spread() -> None:
+def test_a_prefix_nobody_holds_goes_to_the_emptiest_cache_then_its_key_home() -> None:
     idle = (_snap("r0", 0), _snap("r1", 0), _snap("r2", 0))
     placed = {_pick(*idle, seed=seed, key="m:00ab")[0] for seed in range(10)}
-    assert len(placed) == 1 and _pick(*idle, key="m:00ab")[1] == "affinity"  # the same key: the same replica
+    assert len(placed) == 1 and _pick(*idle, key="m:00ab")[1] == "cache_place"  # the same key: the same replica
     spread = Counter(_pick(*idle, key=f"m:{k:04x}")[0] for k in range(300))
-    assert min(spread.values()) > 60  # distinct prefixes spread over the caches (rendezvous hashing)
-    home = _pick(*idle, key="m:00ab")[0]
-    busy = [_snap(s.replica_id, 0, load=20 if s.replica_id == home else 0) for s in idle]
-    assert _pick(*busy, key="m:00ab")[1] == "affinity_spill"  # bounded load still applies
-    # a holder that is overloaded sends the request to the key's replica among the others
-    held = [_snap(s.replica_id, 5 if s.replica_id == home else 0, load=20 if s.replica_id == home else 0)
-            for s in idle]
-    assert _pick(*held, key="m:00ab") == (_pick(*busy, key="m:00ab")[0], "affinity_spill")
+    assert min(spread.values()) > 60  # equal caches: distinct prefixes spread (rendezvous hashing)
+    sizes = (_snap("r0", 0, cached_blocks=40), _snap("r1", 0, cached_blocks=10), _snap("r2", 0, cached_blocks=20))
+    assert _pick(*sizes, key="m:00ab") == ("r1", "cache_place")  # SGLang's smallest tree
+    busy = (_snap("r0", 0, cached_blocks=40), _snap("r1", 0, load=20, cached_blocks=10),
+            _snap("r2", 0, cached_blocks=20))
+    assert _pick(*busy, key="m:00ab") == ("r2", "cache_place")  # bounded load still applies
+    # a holder that is overloaded: the prefix is placed among the others
+    held = (_snap("r0", 5, load=20, cached_blocks=5), _snap("r1", 0, cached_blocks=30), _snap("r2", 0))
+    assert _pick(*held, key="m:00ab") == ("r2", "cache_place")
 
 
 def test_no_match_or_every_holder_overloaded_falls_back_to_load() -> None:

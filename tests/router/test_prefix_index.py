@@ -33,9 +33,13 @@ def test_routed_blocks_count_until_their_ttl_and_stay_bounded() -> None:
     assert index.routed == {"without_match": 1, "with_match": 1}
     assert index.match_blocks("a", KEY, 104.9) == 4
     assert index.match_blocks("a", KEY, 105.1) == 0
-    index.note_routed("a", PrefixKey("m", (1, 2, 3, 4)), now_s=200.0)  # 8 blocks noted, 6 kept: oldest go
-    assert index.match_blocks("a", KEY, 200.0) == 0  # 11, 12 dropped
-    assert index.match_blocks("a", PrefixKey("m", (1, 2, 3, 4)), 200.0) == 4
+    index.note_routed("a", KEY, now_s=200.0)
+    index.note_routed("a", PrefixKey("m", (1, 2, 3, 4)), now_s=201.0)  # 8 live blocks noted, 6 kept: oldest go
+    assert index.match_blocks("a", KEY, 201.0) == 0  # 11, 12 dropped
+    assert index.match_blocks("a", PrefixKey("m", (1, 2, 3, 4)), 201.0) == 4
+    assert index.cached_blocks("a", "m") == 6
+    index.note_routed("a", PrefixKey("m", (5,)), now_s=300.0)  # the others expired at 206: dropped
+    assert index.cached_blocks("a", "m") == 1
 
 
 def test_a_zero_ttl_records_nothing() -> None:
@@ -51,6 +55,7 @@ def test_stamp_sets_each_snapshot_and_retain_forgets_departed_replicas() -> None
     snaps = [ReplicaSnapshot("a"), ReplicaSnapshot("b"), ReplicaSnapshot("c")]
     assert [s.prefix_match_blocks for s in index.stamp(snaps, KEY, 0.0)] == [2, 1, 0]
     assert [s.prefix_match_blocks for s in index.stamp(snaps, None, 0.0)] == [0, 0, 0]
+    assert [s.cached_blocks for s in index.stamp(snaps, KEY, 0.0)] == [2, 1, 0]  # what each publishes
     index.retain(["b"])
     assert [s.prefix_match_blocks for s in index.stamp(snaps, KEY, 0.0)] == [0, 1, 0]
 
