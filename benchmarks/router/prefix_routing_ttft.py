@@ -1,16 +1,18 @@
 """TTFT under cache-aware, 256-character prefix-hash and P2C routing: the real LLM engine (smollm2), the router.
 
-    .venv/bin/python benchmarks/router/prefix_routing_ttft.py            # ~12 min on 2 busy cores
+    .venv/bin/python benchmarks/router/prefix_routing_ttft.py            # ~20 min on 2 busy cores
     .venv/bin/python benchmarks/router/prefix_routing_ttft.py --repeats 1 --requests 20   # quick look
 
 Two `headroom serve` replicas of smollm2 (each with a small KV pool, so one replica cannot keep every
 group's system prompt cached), one router in this process, and a shared-prefix chat workload: `--groups`
 "conversation groups", each with its own long system prompt, and a short distinct user question per request.
 Each run sends the same open-loop Poisson schedule with `headroom bench run --protocol openai-chat` through
-the router, once per policy of `--policies`, interleaved, `--repeats` times: `cache_aware` (the longest
+the router, once per policy of `--policies`, interleaved, `--repeats` times, each run on two freshly started
+replicas with the repeat's prompt texts (so every policy of a repeat sees the same schedule, groups and texts
+from cold caches): `cache_aware` (the longest
 prefix of the prompt's KV blocks the replicas publish, the router tokenizing with smollm2's tokenizer), `prefix`
 (rendezvous hash of the first 256 prompt characters, spill when overloaded) and `p2c`. Every run uses fresh
-system prompts (a new seed), so the replicas' prefix caches carry nothing useful from earlier runs.
+system prompts per repeat (a new seed).
 
 Reported per run: TTFT p50 / p99 (from the load generator, measured from each request's intended send time),
 and the replicas' prefix-cache hit rate over the run = delta of `headroom_llm_prefix_cache_hits_total` /
@@ -140,33 +142,33 @@ async def main_async(repeats: int, requests: int, rate: float, groups: int, pref
                      policies: tuple[str, ...] = ("cache_aware", "prefix", "p2c")) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="headroom-prefix-bench-"))
     repo = make_repository(work / "repo", kv_cache_memory_mb)
-    manager = LocalReplicaManager(serve_command(repo, ["smollm2"], 5.0),
-                                  ReplicaManagerConfig(capacity=8, start_timeout_s=600.0))
     runs: list[dict[str, Any]] = []
-    try:
-        with console.status("starting 2 smollm2 replicas..."):
-            await manager.scale_to(2, 0)
-        console.print(f"replicas ready after {[round(c.ready_s, 1) for c in manager.cold_starts]} s")
-        for rep in range(repeats):
-            for p_index, policy in enumerate(policies):
-                seed = 1000 + rep  # the same schedule and group sequence for every policy of a repeat...
-                workload = work / f"{policy}_{rep}.jsonl"
-                # ...but fresh system prompt texts per run, so the caches start cold for this run's groups
-                make_workload(workload, seed, seed * 10 + p_index, groups, prefix_words, requests, max_tokens)
+    cold_starts: list[float] = []
+    for rep in range(repeats):
+        seed = 1000 + rep  # every policy of a repeat gets the same schedule, groups and prompt texts...
+        workload = work / f"repeat_{rep}.jsonl"
+        make_workload(workload, seed, seed * 10, groups, prefix_words, requests, max_tokens)
+        for policy in policies:  # ...on 2 fresh replicas each (cold caches: nothing carries over between runs)
+            manager = LocalReplicaManager(serve_command(repo, ["smollm2"], 5.0),
+                                          ReplicaManagerConfig(capacity=8, start_timeout_s=600.0))
+            try:
+                with console.status(f"repeat {rep + 1}/{repeats}: starting 2 smollm2 replicas for {policy}..."):
+                    await manager.scale_to(2, 0)
+                cold_starts += [c.ready_s for c in manager.cold_starts]
                 with console.status(f"repeat {rep + 1}/{repeats}: {policy}, {requests} requests at {rate:g}/s..."):
                     run = await one_run(manager, policy, workload, rate, requests, seed,
                                         work / f"{policy}_{rep}.json", repo)
-                console.print(f"  {policy:11s} TTFT p50 {run['ttft_p50_ms']:.0f} ms, p99 {run['ttft_p99_ms']:.0f} ms,"
-                              f" prefix hit rate {run['prefix_hit_rate']:.1%}")
-                runs.append(run)
-    finally:
-        await manager.close()
+            finally:
+                await manager.close()
+            console.print(f"  {policy:11s} TTFT p50 {run['ttft_p50_ms']:.0f} ms, p99 {run['ttft_p99_ms']:.0f} ms,"
+                          f" prefix hit rate {run['prefix_hit_rate']:.1%}")
+            runs.append(run)
     summary = {}
     for policy in policies:
         mine = [r for r in runs if r["policy"] == policy]
         summary[policy] = {k: statistics.median(r[k] for r in mine)
                            for k in ("ttft_p50_ms", "ttft_p99_ms", "prefix_hit_rate")}
-    return {"runs": runs, "median": summary, "cold_start_ready_s": [c.ready_s for c in manager.cold_starts]}
+    return {"runs": runs, "median": summary, "cold_start_ready_s": cold_starts}
 
 
 @app.command()
