@@ -56,15 +56,14 @@ class PromptHasher:
         model = self.models.get(name) if name else None
         if model is None or name is None:
             return None
-        try:
-            ids = _prompt_ids(model.tokenizer, doc)
-        except Exception:  # a template or tokenizer failure on this input: route it by load; the replica answers
-            return None
-        if ids is None:
-            return None
         salt = doc.get("cache_salt")
         cache_key = prefix_cache_key(tenant, salt if isinstance(salt, str) else None)
-        return PrefixKey(name, tuple(prefix_block_hashes(ids, model.block_size_tokens, cache_key)))
+        try:
+            ids = _prompt_ids(model.tokenizer, doc)
+            return None if ids is None else PrefixKey(name, tuple(prefix_block_hashes(ids, model.block_size_tokens,
+                                                                                      cache_key)))
+        except Exception:  # the template, tokenizer or hash failed on this input (token ids beyond int64, ...):
+            return None  # route it by load; the replica answers it as it would without a router
 
 
 def _text(content: object) -> str | None:
