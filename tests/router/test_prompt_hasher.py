@@ -19,6 +19,7 @@ def hasher() -> PromptHasher:
 
 @pytest.mark.parametrize("body", [
     b"", b"not json", b"[1, 2]", b'{"model": "other", "prompt": "hi"}',
+    b'{"prompt": [18446744073709551615' + b', 1' * 40 + b']}',  # beyond int64 in a full block
     b'{"prompt": [1, 2, 99999999999999999999999]}', b'{"prompt": [true, false]}', b'{"prompt": {"a": 1}}',
     b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}',
     b'{"messages": [{"role": 1, "content": "hi"}]}', b'{"messages": ["hi"]}',
