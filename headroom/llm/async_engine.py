@@ -25,6 +25,7 @@ import torch
 
 from headroom.core.errors import HeadroomError, NotReady
 from headroom.llm.engine import LLMEngine
+from headroom.llm.kv_cache import CachedBlocks
 from headroom.llm.request import SamplingParams, SequenceOutput
 
 
@@ -52,8 +53,13 @@ class _Abort:
 class AsyncLLMEngine:
     """Owns an LLMEngine and the thread that steps it."""
 
-    def __init__(self, engine: LLMEngine, on_fatal: Callable[[BaseException], None] | None = None) -> None:
+    def __init__(self, engine: LLMEngine, on_fatal: Callable[[BaseException], None] | None = None,
+                 published_blocks_limit: int = 4096) -> None:
         self.engine = engine
+        self.published_blocks_limit = published_blocks_limit  # most block hashes `cached_blocks` holds
+        # what the prefix cache holds, republished by the engine thread after a step that changed it (the
+        # event loop reads this immutable value; it never touches the KV manager the engine thread mutates)
+        self._cached = engine.kv.cached_blocks(published_blocks_limit)
         self._on_fatal = on_fatal  # called from the engine thread if the loop dies
         self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[SequenceOutput | BaseException]]] = {}
@@ -124,6 +130,10 @@ class AsyncLLMEngine:
         with self._lock:
             return self._unhandled == 0 and not self._streams
 
+    def cached_blocks(self) -> CachedBlocks:
+        """The prefix cache's block hashes as of the last step that changed them (safe from any thread)."""
+        return self._cached
+
     async def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
 
@@ -189,6 +199,8 @@ class AsyncLLMEngine:
                     break
                 if self.engine.has_unfinished:
                     self._deliver_all(self.engine.step())
+                    if self.engine.kv.version != self._cached.version:
+                        self._cached = self.engine.kv.cached_blocks(self.published_blocks_limit)
         except BaseException as exc:  # a model failure: fail every stream, refuse new work
             self._error = exc
         finally:

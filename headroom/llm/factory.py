@@ -23,6 +23,7 @@ from headroom.core.errors import InvalidRequest
 from headroom.core.lifecycle import ServingLifecycle
 from headroom.llm.async_engine import AsyncLLMEngine
 from headroom.llm.config import EngineConfig
+from headroom.llm.kv_cache import CachedBlocks
 from headroom.llm.metrics import LLMMetrics
 from headroom.llm.offline import DEFAULT_MODEL, LoadReport, load_engine
 from headroom.llm.request import SamplingParams
@@ -143,6 +144,11 @@ class LLMService:
     def model_ready(self) -> bool:
         """This model serves requests (loaded, engine running)."""
         return self.engine is not None and self.engine.healthy and self.serving.engine is not None
+
+    def cached_blocks(self) -> tuple[int, CachedBlocks] | None:
+        """(block size in tokens, the prefix cache's published block hashes); None until the engine runs."""
+        engine = self.engine
+        return None if engine is None else (self.engine_config.block_size_tokens, engine.cached_blocks())
 
     def ready(self) -> bool:
         """The server's readiness check: ready, or deliberately unloaded (it does not hold the server back)."""

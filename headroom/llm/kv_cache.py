@@ -6,6 +6,9 @@ sequence reuses the longest run of cached blocks matching its prompt (tokens ver
 A freed block with a hash stays cached in the free pool; allocation takes blocks from the free pool's
 least-recently-used end, evicting their hash. Freed blocks without a hash go to that end first.
 
+Block hashes are `headroom.llm.block_hash`'s (stable across processes): `cached_blocks` publishes them so a
+router can send a request where its prompt's blocks already are.
+
 Isolation: every lookup and registration carries a `cache_key` (the tenant and the request's `cache_salt`,
 "" when neither applies). It is mixed into the first block's hash, so the whole chain differs per key, and it
 is stored with each cached block and checked on every hit, so a hash collision cannot cross keys either:
@@ -17,6 +20,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from headroom.llm.block_hash import chain_hash, root_hash
+
+__all__ = ["Block", "CachedBlocks", "KVCacheManager", "KVCacheStats", "PrefixHit", "chain_hash", "root_hash"]
 
 
 @dataclass(slots=True)
@@ -53,14 +60,13 @@ class KVCacheStats:
         return 1.0 - self.num_free_blocks / self.num_blocks if self.num_blocks else 0.0
 
 
-def chain_hash(parent: int | None, token_ids: Sequence[int]) -> int:
-    """The content hash of a full block given its parent's hash."""
-    return hash((parent, tuple(token_ids)))
+@dataclass(frozen=True, slots=True)
+class CachedBlocks:
+    """What the prefix cache holds, for routers (`headroom.llm.prefix_blocks`): hashes, not block ids."""
 
-
-def root_hash(cache_key: str) -> int | None:
-    """The parent hash of a sequence's first block: None for the shared key "", else derived from the key."""
-    return hash(("cache_key", cache_key)) if cache_key else None
+    version: int  # changes whenever a block is cached or evicted
+    hashes: tuple[int, ...]  # block hashes, blocks in use first, then the free pool most recently used first
+    truncated: bool  # more blocks were cached than `limit` allowed
 
 
 class KVCacheManager:
@@ -81,6 +87,7 @@ class KVCacheManager:
         self._hashes: dict[str, list[int]] = {}  # hashes of a sequence's registered full blocks
         self._queries = 0
         self._hits = 0
+        self._version = 0  # bumped on every cached or evicted block
 
     # --- queries ----------------------------------------------------------------------------------------
     @property
@@ -99,6 +106,20 @@ class KVCacheManager:
 
     def ref_count(self, block_id: int) -> int:
         return self._blocks[block_id].ref_count
+
+    @property
+    def version(self) -> int:
+        """Changes whenever a block is cached or evicted (publish `cached_blocks` again only then)."""
+        return self._version
+
+    def cached_blocks(self, limit: int) -> CachedBlocks:
+        """At most `limit` hashes of cached blocks: those in use first (hot), then free ones, most recent first."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        used = [b.block_hash for b in self._blocks if b.ref_count > 0 and b.block_hash is not None]
+        free = (self._blocks[bid].block_hash for bid in reversed(self._free))
+        hashes = [*used, *(h for h in free if h is not None)]
+        return CachedBlocks(self._version, tuple(hashes[:limit]), len(hashes) > limit)
 
     # --- prefix cache -----------------------------------------------------------------------------------
     def find_prefix(self, token_ids: Sequence[int], cache_key: str = "") -> PrefixHit:
@@ -141,6 +162,7 @@ class KVCacheManager:
             if block.block_hash is None and h not in self._cached:
                 block.block_hash, block.token_ids, block.cache_key = h, chunk, cache_key
                 self._cached[h] = block.block_id
+                self._version += 1
 
     # --- allocation -------------------------------------------------------------------------------------
     def can_allocate(self, seq_id: str, num_tokens: int, hit: PrefixHit | None = None) -> bool:
@@ -170,6 +192,7 @@ class KVCacheManager:
             if block.block_hash is not None:
                 self._cached.pop(block.block_hash, None)
                 block.block_hash, block.token_ids, block.cache_key = None, (), ""
+                self._version += 1
             block.ref_count = 1
             table.append(bid)
         return True
@@ -193,3 +216,4 @@ class KVCacheManager:
             if block.block_hash is not None:
                 self._cached.pop(block.block_hash, None)
                 block.block_hash, block.token_ids, block.cache_key = None, (), ""
+                self._version += 1

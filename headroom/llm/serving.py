@@ -38,6 +38,7 @@ from headroom.core.errors import (
 from headroom.core.lifecycle import ServingLifecycle
 from headroom.llm.admission import admitted
 from headroom.llm.async_engine import AsyncLLMEngine
+from headroom.llm.block_hash import prefix_cache_key
 from headroom.llm.openai_protocol import (
     BaseRequest,
     ChatRequest,
@@ -330,13 +331,6 @@ class OpenAIServing:
         finally:  # also when the client left (the response closes this generator) or the task was cancelled
             tally.report(failed)
         yield "data: [DONE]\n\n"
-
-
-def prefix_cache_key(tenant: str, cache_salt: str | None) -> str:
-    """The engine's prefix-cache isolation key ("" = the shared cache, when there is neither).
-
-    Tenant names cannot contain a newline, so no (tenant, salt) pair can spell another's key."""
-    return f"{tenant}\n{cache_salt or ''}" if tenant or cache_salt else ""
 
 
 async def _with_deadline(outputs: AsyncIterator[SequenceOutput], timeout_s: float) -> AsyncIterator[SequenceOutput]:

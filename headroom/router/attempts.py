@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from headroom.core.errors import NotReady
 from headroom.router import degrade, tail
+from headroom.router.request_keys import RouteKey
 from headroom.router.upstream import Attempt
 from headroom.router.wire import Outgoing
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from headroom.router.proxy import Router
 
 
-async def race(router: Router, first: Attempt, out: Outgoing, key: str | None, tried: set[str]) -> Attempt:
+async def race(router: Router, first: Attempt, out: Outgoing, key: RouteKey, tried: set[str]) -> Attempt:
     """Run `first`; after the hedge delay, maybe send a backup; return the winning attempt.
 
     Whatever is still running when this returns or is cancelled (client gone) is cancelled, which
@@ -52,7 +53,7 @@ async def race(router: Router, first: Attempt, out: Outgoing, key: str | None, t
             await attempt.discard()  # idempotent: releases the slot of losers and abandoned attempts
 
 async def _hedged(router: Router, first: Attempt, tasks: dict[asyncio.Task[Attempt], Attempt], out: Outgoing,
-              key: str | None, tried: set[str]) -> Attempt:
+              key: RouteKey, tried: set[str]) -> Attempt:
     (primary,) = tasks
     c = router.config
     delay = c.tied_delay_s if c.tied else tail.hedge_delay_s(router.latencies, c.hedge) if c.hedging else None
@@ -91,7 +92,7 @@ async def _hedged(router: Router, first: Attempt, tasks: dict[asyncio.Task[Attem
     return winner
 
 
-async def attempts_or_fallback(router: Router, out: Outgoing, key: str | None) -> tuple[Attempt, Outgoing]:
+async def attempts_or_fallback(router: Router, out: Outgoing, key: RouteKey) -> tuple[Attempt, Outgoing]:
     """The primary's attempts; when they fail and its model has a fallback, the fallback's, once (and the
     primary's failures feed its breaker: enough in a row eject it, see `degrade`)."""
     cfg = router.config.degrade
@@ -120,7 +121,7 @@ async def attempts_or_fallback(router: Router, out: Outgoing, key: str | None) -
     return await attempts(router, fallback, key), fallback
 
 
-async def attempts(router: Router, out: Outgoing, key: str | None) -> Attempt:
+async def attempts(router: Router, out: Outgoing, key: RouteKey) -> Attempt:
     tried: set[str] = set()
     last: Attempt | None = None
     arm = router._arm()

@@ -10,6 +10,7 @@ hide its queueing (coordinated omission).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 import random
 import sys
@@ -85,7 +86,10 @@ def simulate_prefix_cache(policy: str, n_replicas: int, cache_entries: int, n_pr
     for _ in range(n_requests):
         prefix = rng.choices(range(n_prefixes), weights)[0]
         prompt = f"<system prompt #{prefix}>" * 20 + f" question {rng.random()}"  # prefix > 256 chars
-        decision, state = choose(policy, snaps, prompt, state, 0.0, rng)
+        view = snaps if policy != "cache_aware" else [  # cache_aware: what each replica's LRU holds, exactly
+            dataclasses.replace(s, prefix_match_blocks=int(prefix in caches[i])) for i, s in enumerate(snaps)]
+        key = prompt[:256] if policy == "cache_aware" else prompt  # cache_aware places misses by the first blocks
+        decision, state = choose(policy, view, key, state, 0.0, rng)
         cache = caches[int((decision.replica_id or "r0")[1:])]
         if prefix in cache:
             hits += 1
@@ -101,7 +105,7 @@ def simulate_prefix_cache(policy: str, n_replicas: int, cache_entries: int, n_pr
 def sim(requests: int = typer.Option(20_000, help="Requests per policy."),
         seed: int = typer.Option(0, help="RNG seed.")) -> None:
     """Fake-clock comparison: RR vs least-outstanding vs P2C vs peak-EWMA with one 5x slower replica (of 4,
-    at 55% load), and prefix-cache hit rates for prefix-aware routing vs P2C vs round robin."""
+    at 55% load), and prefix-cache hit rates for cache-aware and prefix-aware routing vs P2C vs round robin."""
     console = Console()
     table = Table("policy", "slow replica share", "p50 ms", "p99 ms", title="3 replicas at 10 ms + 1 at 50 ms")
     for policy in ("round_robin", "least_outstanding", "p2c", "peak_ewma"):
@@ -109,7 +113,7 @@ def sim(requests: int = typer.Option(20_000, help="Requests per policy."),
         table.add_row(policy, f"{r.slow_share:.1%}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}")
     console.print(table)
     table = Table("policy", "prefix-cache hit rate", title="4 replicas x LRU of 8 prefixes, 64 prefixes, Zipf")
-    for policy in ("prefix", "p2c", "round_robin"):
+    for policy in ("cache_aware", "prefix", "p2c", "round_robin"):
         table.add_row(policy, f"{simulate_prefix_cache(policy, 4, 8, 64, requests, seed=seed):.1%}")
     console.print(table)
 

@@ -309,6 +309,9 @@ def route(
     spec, proxy, scaler = fleet_cfg.fleet, fleet_cfg.router, fleet_cfg.autoscaler
     replicas, backend, replica_capacity = spec.replicas, spec.backend, spec.replica_capacity
     drain_timeout_s, model_repository, model = spec.drain_timeout_s, Path(spec.model_repository), list(spec.models)
+    if proxy.policy == "cache_aware" and not proxy.prefix_index.tokenizers_from:  # hash prompts with the fleet's
+        proxy = dataclasses.replace(proxy, prefix_index=dataclasses.replace(  # own tokenizers
+            proxy.prefix_index, tokenizers_from=str(model_repository)))
     try:
         trust = ["--trusted-backends", ",".join(sorted(parse_trusted(trusted_backends)))]
         ray_cfg = RayReplicaConfig(host=replica_host or None, capacity=replica_capacity,

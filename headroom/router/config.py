@@ -8,6 +8,7 @@ from headroom.router import health as hp
 from headroom.router import tail
 from headroom.router.degrade import DegradeConfig
 from headroom.router.policies import POLICIES, RoutingConfig
+from headroom.router.prefix_index import PrefixIndexConfig
 from headroom.router.rollout import CanaryConfig
 
 
@@ -16,7 +17,8 @@ class ProxyConfig:
     """The router's knobs (policy defaults live with each policy)."""
 
     policy: str = "peak_ewma"  # routing policy, see headroom.router.policies.POLICIES
-    routing: RoutingConfig = field(default_factory=RoutingConfig)  # affinity / prefix knobs
+    routing: RoutingConfig = field(default_factory=RoutingConfig)  # affinity / prefix / cache_aware knobs
+    prefix_index: PrefixIndexConfig = field(default_factory=PrefixIndexConfig)  # cache_aware: tokenizers, TTL
     health: hp.HealthConfig = field(default_factory=hp.HealthConfig)  # outlier ejection
     check_interval_s: float = 1.0  # active readiness check period (K8s default is 10 s; a router wants faster)
     check_timeout_s: float = 1.0  # readiness check timeout (K8s probe default 1 s)

@@ -26,8 +26,10 @@ from typing import Any
 import typer
 import yaml
 
+from headroom.plan.capacity import plan_capacity
 from headroom.router.fleet_config import FleetConfig, dump_fleet_config, given_flags, load_fleet_config
 from headroom.router.k8s_config import K8sConfig, Manifest
+from headroom.router.k8s_plan import fields_from_plan
 from headroom.router.k8s_router import labels, replicas_service_name, router_manifests, router_name
 
 
@@ -115,8 +117,10 @@ def service(cfg: K8sConfig) -> Manifest:
 
 
 def pod_disruption_budget(cfg: K8sConfig) -> Manifest:
+    budget = {"maxUnavailable": cfg.pdb_max_unavailable} if cfg.pdb_max_unavailable else {
+        "minAvailable": cfg.min_available}
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(cfg),
-            "spec": {"minAvailable": cfg.min_available, "selector": {"matchLabels": _labels(cfg)}}}
+            "spec": {**budget, "selector": {"matchLabels": _labels(cfg)}}}
 
 
 def hpa(cfg: K8sConfig) -> Manifest:
@@ -210,20 +214,34 @@ def k8s(
     model_volume: str = typer.Option("image", help="image: the models are baked into the image (deploy/Dockerfile)"
                                      "; pvc: mount a ReadOnlyMany PersistentVolumeClaim <name>-models."),
     router_replicas: int = typer.Option(2, help="Router pods in front of the replicas."),
+    peak_qps: float | None = typer.Option(None, help="Plan for this peak rate (requests/s, with --p99-ms and "
+                                          "--service-ms, as `headroom plan capacity`): the plan sets replicas, "
+                                          "the PDB, the autoscaler's per-pod targets and the ceiling."),
+    p99_ms: float = typer.Option(1000.0, help="With --peak-qps: the p99 latency SLO (ms)."),
+    service_ms: float = typer.Option(100.0, help="With --peak-qps: one replica's measured service time (ms)."),
+    redundancy: int = typer.Option(1, help="With --peak-qps: k of N+k, replicas that may be down (PDB)."),
+    replica_cpu: str = typer.Option("2", help="CPU request = limit of a replica (the shape --service-ms was "
+                                    "measured on)."),
+    replica_memory: str = typer.Option("4Gi", help="Memory request = limit of a replica."),
     output: Path | None = typer.Option(None, help="Write here instead of stdout."),
 ) -> None:
     """Kubernetes manifests: the replica Deployment (startup/readiness/liveness probes, preStop drain), its
     headless Service, PodDisruptionBudget and an HPA or KEDA ScaledObject on headroom's Prometheus metrics, and
     headroom's router in front (RBAC for endpoint discovery, its router.yaml as a ConfigMap, Deployment, the
-    public Service)."""
+    public Service). With --peak-qps the capacity plan decides the replica count, the PDB and the autoscaler's
+    per-pod targets."""
     try:
         fields: dict[str, Any] = {"image": image, "name": name, "namespace": namespace, "replicas": replicas,
                                   "autoscaler": autoscaler, "min_replicas": min_replicas,
                                   "max_replicas": max_replicas, "prometheus_url": prometheus_url,
-                                  "model_volume": model_volume, "router_replicas": router_replicas}
+                                  "model_volume": model_volume, "router_replicas": router_replicas,
+                                  "cpu": replica_cpu, "memory": replica_memory}
         if config is not None:
             fields |= from_fleet(load_fleet_config(config))
         fields |= {k: v for k, v in given_flags(ctx).items() if k in fields}
+        if peak_qps is not None:  # the planner feeds the deployment (headroom.router.k8s_plan)
+            plan = plan_capacity(peak_qps, p99_ms / 1e3, service_ms / 1e3, redundancy=redundancy)
+            fields |= fields_from_plan(plan, int(fields["max_replicas"]), replica_cpu, replica_memory)
         cfg = K8sConfig(**fields)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

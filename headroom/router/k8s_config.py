@@ -30,7 +30,8 @@ class K8sConfig:
     target_inflight_per_pod: int = 6  # HPA target: in-flight requests per pod (75% of a capacity of 8)
     prometheus_url: str = "http://prometheus.monitoring:9090"  # KEDA Prometheus trigger serverAddress
     target_rps_per_pod: int = 40  # KEDA threshold: requests/s per pod (simulator page example: 40)
-    min_available: int = 1  # PodDisruptionBudget minAvailable
+    min_available: int = 1  # PodDisruptionBudget minAvailable (unless pdb_max_unavailable is set)
+    pdb_max_unavailable: int = 0  # > 0: the PDB's maxUnavailable instead (from a capacity plan: k of N+k)
     model_volume: str = "image"  # image: the models are baked into the image | pvc: a PersistentVolumeClaim
     model_volume_size: str = "5Gi"  # with model_volume pvc: the claim's size (ReadOnlyMany)
     router_replicas: int = 2  # router pods (stateless; two so a node loss leaves one)
@@ -45,6 +46,8 @@ class K8sConfig:
             raise ValueError("need 1 <= min_replicas <= max_replicas")
         if self.model_volume not in ("image", "pvc"):
             raise ValueError(f"model_volume must be 'image' or 'pvc', got {self.model_volume!r}")
+        if self.pdb_max_unavailable < 0:
+            raise ValueError("pdb_max_unavailable must be >= 0")
         if self.router_replicas < 1:
             raise ValueError("router_replicas must be >= 1")
         if self.prestop_sleep_s + 1 >= self.termination_grace_s:

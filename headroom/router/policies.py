@@ -16,6 +16,16 @@ One entry point, `choose(policy, snapshots, request_key, state, now_s, rng, conf
                           overloaded wins; no key, or every replica overloaded, falls back to P2C.
 * ``prefix``              like ``affinity`` on the first `prefix_len_chars` of the prompt, so requests that
                           share a prompt prefix reach the replica whose prefix cache already holds it.
+* ``cache_aware``         the replica holding the longest run of this prompt's leading KV blocks (each
+                          snapshot's `prefix_match_blocks`, from the blocks replicas publish, see
+                          `headroom.router.prefix_index`); among equal matches the request key's rendezvous
+                          home first (without a key: lower load, then latency, then at random), so a copy made
+                          by a spill does not split the prefix's traffic and double its cache footprint; an
+                          overloaded replica is passed over for the next-longest match; no match
+                          anywhere (or every matching replica overloaded): placed on the replica holding the
+                          fewest blocks (`cached_blocks`), ties to the request key's rendezvous home (the key
+                          is the hash of the prompt's first blocks, `PrefixKey.placement_key`), so new prefixes
+                          fill the emptiest cache; every replica overloaded, or no key: peak-EWMA P2C.
 
 "Overloaded" (bounded-load consistent hashing, Mirrokni et al. 2018, c = 1.25): the replica holds at least
 its `capacity`, or more than max(`affinity_min_slack`, c x the mean load of routable replicas).
@@ -30,7 +40,7 @@ from dataclasses import dataclass
 
 from headroom.router.snapshot import ReplicaSnapshot, RouterState, routable
 
-POLICIES = ("round_robin", "least_outstanding", "p2c", "peak_ewma", "affinity", "prefix")
+POLICIES = ("round_robin", "least_outstanding", "p2c", "peak_ewma", "affinity", "prefix", "cache_aware")
 
 #: Finagle PeakEwma `Penalty` analogue: cost of a replica with requests in flight but no latency sample yet.
 _NO_SAMPLE_PENALTY_S = 1e3
@@ -56,7 +66,7 @@ class RouteDecision:
     """Where to send a request, and why."""
 
     replica_id: str | None  # chosen replica; None when no replica is routable (answer 503 not_ready)
-    reason: str  # short tag for logs/metrics: "policy", "affinity", "affinity_spill", "fallback", "none"
+    reason: str  # "policy", "affinity", "affinity_spill", "cache_hit", "cache_spill", "cache_place", "fallback", "none"
 
 
 def prefix_key(prompt: str | Sequence[int], prefix_len: int) -> str:
@@ -102,10 +112,40 @@ def _overloaded(s: ReplicaSnapshot, mean_load: float, cfg: RoutingConfig) -> boo
     return s.overloaded() or s.load() > max(cfg.affinity_min_slack, cfg.affinity_load_factor * mean_load)
 
 
+def _cache_aware(cands: tuple[ReplicaSnapshot, ...], key: str | None, rng: random.Random,
+                 cfg: RoutingConfig) -> RouteDecision | None:
+    mean_load = sum(s.load() for s in cands) / len(cands)
+    shuffled = list(cands)
+    rng.shuffle(shuffled)  # the random last tie-break (sorted() is stable)
+    if key:  # equal matches: the prefix's rendezvous home first, so a spilled copy does not become a second owner
+        home = {s.replica_id: i for i, s in enumerate(hrw_rank(key, cands))}
+        ranked = sorted(shuffled, key=lambda s: (-s.prefix_match_blocks, home[s.replica_id]))
+    else:
+        ranked = sorted(shuffled, key=lambda s: (-s.prefix_match_blocks, s.load(), s.ewma_latency_s))
+    for rank, s in enumerate(ranked):
+        if s.prefix_match_blocks == 0:
+            break
+        if not _overloaded(s, mean_load, cfg):
+            return RouteDecision(s.replica_id, "cache_hit" if rank == 0 else "cache_spill")
+    return None  # nobody (not overloaded) holds it: `_place` it
+
+
+def _place(cands: tuple[ReplicaSnapshot, ...], key: str, cfg: RoutingConfig) -> RouteDecision | None:
+    """A prefix nobody holds goes to the replica holding the fewest blocks (SGLang's router: the smallest tree),
+    ties to the key's rendezvous home; overloaded replicas are skipped."""
+    mean_load = sum(s.load() for s in cands) / len(cands)
+    home = {s.replica_id: i for i, s in enumerate(hrw_rank(key, cands))}
+    for s in sorted(cands, key=lambda s: (s.cached_blocks, home[s.replica_id])):
+        if not _overloaded(s, mean_load, cfg):
+            return RouteDecision(s.replica_id, "cache_place")
+    return None
+
+
 def choose(policy: str, snapshots: Sequence[ReplicaSnapshot], request_key: str | None, state: RouterState,
            now_s: float, rng: random.Random,
            config: RoutingConfig | None = None) -> tuple[RouteDecision, RouterState]:
-    """Pick a replica for one request. `request_key` is the session key (affinity) or the prompt (prefix)."""
+    """Pick a replica for one request. `request_key` is the session key (affinity), the prompt (prefix) or the
+    placement key of a prompt's blocks (cache_aware, which reads each snapshot's `prefix_match_blocks` first)."""
     cfg = config or RoutingConfig()
     if policy not in POLICIES:
         raise ValueError(f"unknown routing policy {policy!r}; choose one of {', '.join(POLICIES)}")
@@ -124,7 +164,11 @@ def choose(policy: str, snapshots: Sequence[ReplicaSnapshot], request_key: str |
         return RouteDecision(pick.replica_id, "policy"), state
     if policy in ("p2c", "peak_ewma"):
         return RouteDecision(_p2c(cands, rng, policy == "peak_ewma").replica_id, "policy"), state
-    # affinity / prefix
+    if policy == "cache_aware":
+        hit = _cache_aware(cands, request_key, rng, cfg) or (_place(cands, request_key, cfg) if request_key else None)
+        if hit is not None:
+            return hit, state
+    # affinity / prefix / a cache_aware miss
     if not request_key:
         return RouteDecision(_p2c(cands, rng, ewma_cost=True).replica_id, "fallback"), state
     key = request_key[: cfg.prefix_len_chars] if policy == "prefix" else request_key

@@ -7,10 +7,9 @@ elsewhere, under the retry budget, attempts that never started (connection refus
 answering 503 `x-headroom-draining: 1`) and, on idempotent routes (V2 inference, embeddings, LLM generation),
 attempts whose connection was lost before any answer byte reached the client -> pass the answer through
 (small bodies buffered, SSE and large bodies streamed once their first chunk arrived). A background task
-checks `GET /v2/health/ready` on every replica; results and every finished attempt feed
-`headroom.router.health`. `GET /router/stats` reports counters as JSON; `GET /metrics` is the router's own
-Prometheus page and `GET /metrics/replicas` Prometheus service discovery of every replica
-(`headroom.router.metrics`).
+checks `GET /v2/health/ready` on every replica (policy ``cache_aware``: also the KV blocks it holds,
+`headroom.router.prefix_index`); results and every finished attempt feed `headroom.router.health`.
+`/router/stats`, `/metrics` and `/metrics/replicas` (Prometheus service discovery): `headroom.router.metrics`.
 
 W3C `traceparent`/`tracestate` go to the replica as sent, or, with a `tracer_provider`, the traceparent of the
 router's own SERVER span (`router`) so the replica's spans nest under it. The replica learns the tenant the
@@ -37,7 +36,6 @@ from starlette.routing import Route
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import Cancelled, DeadlineExceeded, HeadroomError, Overloaded
 from headroom.gateway.forwarded_tenant import forwarded_headers
-from headroom.gateway.tracing import IngressSpan, parse_traceparent
 from headroom.router import degrade, tail
 from headroom.router import health as hp
 from headroom.router.attempts import attempts_or_fallback
@@ -45,10 +43,12 @@ from headroom.router.canary import CanaryTracker
 from headroom.router.config import ProxyConfig
 from headroom.router.metrics import RouterMetrics, admin_routes, router_view
 from headroom.router.policies import choose
-from headroom.router.request_keys import request_key
+from headroom.router.prefix_index import PrefixIndex
+from headroom.router.prompt_hasher import PromptHasher
+from headroom.router.request_keys import PrefixKey, RouteKey, request_key
 from headroom.router.snapshot import ReplicaSnapshot, RouterState, routable
 from headroom.router.upstream import HOP_BY_HOP, Attempt, ReplicaRuntime, Upstream
-from headroom.router.wire import Outgoing, UpstreamFailed, disconnected, end_span_with, json_error
+from headroom.router.wire import Outgoing, UpstreamFailed, disconnected, end_span_with, json_error, router_span
 
 __all__ = ["ProxyConfig", "Router", "UpstreamFailed"]
 
@@ -61,8 +61,9 @@ class Router:
     def __init__(self, upstreams: Sequence[Upstream], config: ProxyConfig | None = None,
                  clock: Clock | None = None, rng: random.Random | None = None,
                  tracer_provider: TracerProvider | None = None,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, prompt_hasher: PromptHasher | None = None) -> None:
         self.config = config or ProxyConfig()
+        self.prefix = PrefixIndex.for_policy(self.config.policy, self.config.prefix_index, prompt_hasher)
         self.tracer_provider = tracer_provider  # records a `router` span per proxied request when set
         self.clock = clock or MonotonicClock()
         self.rng = rng or random.Random()
@@ -148,6 +149,8 @@ class Router:
                 return False
 
         results = await asyncio.gather(*(probe(rt) for rt in runtimes))
+        if self.prefix is not None:  # cache_aware: the KV blocks each replica holds
+            await self.prefix.poll(client, [rt.upstream for rt in runtimes], self.config.check_timeout_s)
         now = self.clock.now_s()
         for rt, ok in zip(runtimes, results, strict=True):
             if rt.upstream.replica_id not in self.replicas:
@@ -208,11 +211,16 @@ class Router:
             arm = "baseline" if arm == "canary" else "canary"
         return arm
 
-    def _pick(self, key: str | None, exclude: set[str], arm: str = "") -> ReplicaRuntime | None:
+    def _pick(self, key: RouteKey, exclude: set[str], arm: str = "") -> ReplicaRuntime | None:
         snaps = [s for s in self.snapshots() if s.replica_id not in exclude
                  and (self.canary is None or not arm or self.canary.in_arm(arm, s.version))]
-        decision, self.route_state = choose(self.config.policy, snaps, key, self.route_state,
-                                            self.clock.now_s(), self.rng, self.config.routing)
+        now, blocks = self.clock.now_s(), key if isinstance(key, PrefixKey) else None
+        snaps = self.prefix.stamp(snaps, blocks, now) if self.prefix is not None else snaps
+        decision, self.route_state = choose(self.config.policy, snaps,
+                                            key.placement_key() if isinstance(key, PrefixKey) else key,
+                                            self.route_state, now, self.rng, self.config.routing)
+        if self.prefix is not None and blocks is not None and decision.replica_id is not None:
+            self.prefix.note_routed(decision.replica_id, blocks, now)
         return None if decision.replica_id is None else self.replicas[decision.replica_id]
 
     # ------------------------------------------------------------------- for other transports (gRPC)
@@ -274,7 +282,7 @@ class Router:
         if request.url.path == "/v2/health/ready":
             ready = any(s.ready for s in self.snapshots())
             return Response(status_code=200 if ready else 503)
-        span = self._start_span(request)
+        span = router_span(self.tracer_provider, request)
         try:
             response = await self._proxy(request, span.traceparent if span is not None else None)
         except HeadroomError as exc:
@@ -284,15 +292,6 @@ class Router:
                 span.finish([], time.time_ns(), status_code=500)
             raise
         return response if span is None else end_span_with(response, span)
-
-    def _start_span(self, request: Request) -> IngressSpan | None:
-        """The router's SERVER span for one request (None when tracing is off)."""
-        if self.tracer_provider is None:
-            return None
-        parent = parse_traceparent(request.headers.get("traceparent"))
-        attributes = {"http.request.method": request.method, "url.path": request.url.path}
-        return IngressSpan(self.tracer_provider, "router", parent, request.headers.get("x-request-id", ""), "",
-                           time.time_ns(), attributes)
 
     async def _proxy(self, request: Request, traceparent: str | None = None) -> Response:
         c = self.config
@@ -315,7 +314,8 @@ class Router:
                              retry_after_s=1.0)
         self.retry_state = tail.budget_deposit(self.retry_state, now, c.retry_budget)
         self.hedge_state = tail.budget_deposit(self.hedge_state, now, c.hedge_budget)
-        key = request_key(c.policy, request.headers, body, c.affinity_header)
+        key: RouteKey = (await self.prefix.key(body) if self.prefix is not None
+                         else request_key(c.policy, request.headers, body, c.affinity_header))
         out = self._outgoing(request, body, d.utilisation, traceparent)
         self.inflight += 1
         inflight_at_start = self.inflight

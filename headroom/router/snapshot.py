@@ -26,12 +26,15 @@ class ReplicaSnapshot:
     capacity: int = 8  # concurrent requests it serves within the SLO (overload / shedding threshold)
     ejected_until_s: float = 0.0  # passive outlier ejection: no traffic before this time
     version: str = ""  # model version it serves (canary rollouts split traffic by version)
+    prefix_match_blocks: int = 0  # cache_aware: leading blocks of this request's prompt it holds cached
+    cached_blocks: int = 0  # cache_aware: blocks it holds for the request's model (published + routed recently)
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
             raise ValueError(f"replica {self.replica_id!r}: capacity must be >= 1, got {self.capacity}")
-        if self.outstanding < 0 or self.queue_depth < 0:
-            raise ValueError(f"replica {self.replica_id!r}: outstanding and queue_depth must be >= 0")
+        if self.outstanding < 0 or self.queue_depth < 0 or self.prefix_match_blocks < 0:
+            raise ValueError(f"replica {self.replica_id!r}: outstanding, queue_depth and prefix_match_blocks "
+                             "must be >= 0")
 
     def ejected(self, now_s: float) -> bool:
         """Passive health has ejected it and the ejection has not expired."""

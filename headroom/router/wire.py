@@ -7,11 +7,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import orjson
+from opentelemetry.trace import TracerProvider
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from headroom.core.errors import HeadroomError
-from headroom.gateway.tracing import IngressSpan
+from headroom.gateway.tracing import IngressSpan, parse_traceparent
 
 
 class UpstreamFailed(HeadroomError):
@@ -32,6 +33,16 @@ class Outgoing:
     body: bytes  # the request body (possibly rewritten for a fallback model)
     degraded_to: str = ""  # the fallback model serving this request, "" if none
     replayable: bool = False  # idempotent route: may be resent after a connection lost before any answer
+
+
+def router_span(tracer_provider: TracerProvider | None, request: Request) -> IngressSpan | None:
+    """The router's SERVER span for one request, a child of the client's traceparent (None: tracing is off)."""
+    if tracer_provider is None:
+        return None
+    parent = parse_traceparent(request.headers.get("traceparent"))
+    attributes = {"http.request.method": request.method, "url.path": request.url.path}
+    return IngressSpan(tracer_provider, "router", parent, request.headers.get("x-request-id", ""), "",
+                       time.time_ns(), attributes)
 
 
 async def disconnected(request: Request) -> None:

@@ -138,6 +138,8 @@ class Server:
         from headroom.llm.generate import GenerateRoutes
         from headroom.llm.grpc_generate import GrpcGenerate
         from headroom.llm.http import openai_routes
+        from headroom.llm.kv_cache import CachedBlocks
+        from headroom.llm.prefix_blocks import prefix_blocks_route
 
         routes: list[BaseRoute] = []
         servings = {}
@@ -151,7 +153,15 @@ class Server:
             servings[entry.config.name] = service.serving
         generate = GenerateRoutes(servings, lambda name: bool(self.dataplane.loaded_versions(name)))
         self._llm_grpc = GrpcGenerate(generate)
-        return [*routes, *generate.routes()], _ModelCards(list(servings.values()))
+        services = tuple(self._llm_services)
+
+        def cached_blocks() -> dict[str, tuple[int, CachedBlocks]]:
+            return {s.name: cb for s in services if (cb := s.cached_blocks()) is not None}
+
+        gateway = self.config.gateway.config  # without API keys every request runs as its anonymous tenant
+        tenant = None if gateway.auth_enabled else gateway.anonymous_tenant
+        return ([*routes, *generate.routes(), prefix_blocks_route(cached_blocks, tenant)],
+                _ModelCards(list(servings.values())))
 
     async def run(self, on_ready: Callable[[Server], None] | None = None) -> None:
         """Start everything, serve until SIGTERM/SIGINT or `stop()`, then drain and shut down."""
