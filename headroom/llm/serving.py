@@ -48,6 +48,7 @@ from headroom.llm.openai_protocol import (
 )
 from headroom.llm.openai_usage import Tally, UsageCallback, usage_body
 from headroom.llm.request import SamplingParams, SequenceOutput, TokenLogprob
+from headroom.llm.structured_output import output_grammar
 from headroom.llm.tokenizer import Tokenizer
 from headroom.llm.validation import FieldError, Kind, check_body, logit_bias, token_ids
 
@@ -99,7 +100,8 @@ class OpenAIServing:
             prompt_ids = tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
             max_tokens = req.max_completion_tokens or req.max_tokens
             top = req.top_logprobs if req.logprobs else None
-            params = self._params(req, prompt_ids, max_tokens, (top or 0) if req.logprobs else None)
+            grammar = await self._grammar(req)
+            params = self._params(req, prompt_ids, max_tokens, (top or 0) if req.logprobs else None, grammar)
             tally = Tally(started_s, len(prompt_ids), on_usage)
             return await self._run("chat", req, prompt_ids, params, tally, tenant)
         except (ValidationError, HeadroomError) as exc:
@@ -126,7 +128,7 @@ class OpenAIServing:
                 prompt_ids = tok.encode(prompt)
             else:
                 prompt_ids = list(token_ids(prompt, "prompt", self._vocab_size()))
-            params = self._params(req, prompt_ids, req.max_tokens, req.logprobs)
+            params = self._params(req, prompt_ids, req.max_tokens, req.logprobs, await self._grammar(req))
             tally = Tally(started_s, len(prompt_ids), on_usage)
             return await self._run("text", req, prompt_ids, params, tally, tenant)
         except (ValidationError, HeadroomError) as exc:
@@ -154,8 +156,15 @@ class OpenAIServing:
             raise NotReady(f"model {self.model_name!r} is loading or stopped; retry shortly")
         return self.tokenizer
 
+    async def _grammar(self, req: BaseRequest) -> str | None:
+        """The request's output grammar (structured_output), compiled off the event loop."""
+        grammars = self.engine.engine.grammars if self.engine is not None else None
+        template = self.tokenizer.files.chat_template if self.tokenizer is not None else None
+        return await asyncio.to_thread(output_grammar, req, template, self.model_name, grammars)
+
     def _params(
-        self, req: BaseRequest, prompt_ids: list[int], max_tokens: int | None, logprobs: int | None
+        self, req: BaseRequest, prompt_ids: list[int], max_tokens: int | None, logprobs: int | None,
+        grammar: str | None = None,
     ) -> SamplingParams:
         if req.model and req.model != self.model_name:
             raise ModelNotFound(f"the model {req.model!r} does not exist; this server serves {self.model_name!r}")
@@ -189,6 +198,7 @@ class OpenAIServing:
             logprobs=logprobs,
             include_stop_str_in_output=req.include_stop_str_in_output,
             logit_bias=logit_bias(req.logit_bias, self._vocab_size()) if req.logit_bias else (),
+            grammar=grammar,
         )
         params.validate()
         return params
