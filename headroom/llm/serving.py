@@ -48,8 +48,9 @@ from headroom.llm.openai_protocol import (
 )
 from headroom.llm.openai_usage import Tally, UsageCallback, usage_body
 from headroom.llm.request import SamplingParams, SequenceOutput, TokenLogprob
-from headroom.llm.structured_output import output_grammar
+from headroom.llm.structured_output import OutputPlan, output_plan
 from headroom.llm.tokenizer import Tokenizer
+from headroom.llm.tools import ToolPlan, with_tool_calls
 from headroom.llm.validation import FieldError, Kind, check_body, logit_bias, token_ids
 
 log = logging.getLogger("headroom.llm")
@@ -96,14 +97,15 @@ class OpenAIServing:
         try:
             req = self._parse(body, "chat", ChatRequest)
             tok = self._ready()
+            plan = await self._plan(req)
             messages = [{"role": m.role, "content": _content_text(m.content)} for m in req.messages]
-            prompt_ids = tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
+            tools = plan.tools.tools if plan.tools is not None else None
+            prompt_ids = tok.encode(tok.apply_chat_template(messages, tools=tools), add_special_tokens=False)
             max_tokens = req.max_completion_tokens or req.max_tokens
             top = req.top_logprobs if req.logprobs else None
-            grammar = await self._grammar(req)
-            params = self._params(req, prompt_ids, max_tokens, (top or 0) if req.logprobs else None, grammar)
+            params = self._params(req, prompt_ids, max_tokens, (top or 0) if req.logprobs else None, plan.grammar)
             tally = Tally(started_s, len(prompt_ids), on_usage)
-            return await self._run("chat", req, prompt_ids, params, tally, tenant)
+            return await self._run("chat", req, prompt_ids, params, tally, tenant, plan.tools)
         except (ValidationError, HeadroomError) as exc:
             return from_exception(exc)
         except Exception as exc:  # e.g. the tokenizer or chat template failed on this input: 500, this one only
@@ -128,7 +130,7 @@ class OpenAIServing:
                 prompt_ids = tok.encode(prompt)
             else:
                 prompt_ids = list(token_ids(prompt, "prompt", self._vocab_size()))
-            params = self._params(req, prompt_ids, req.max_tokens, req.logprobs, await self._grammar(req))
+            params = self._params(req, prompt_ids, req.max_tokens, req.logprobs, (await self._plan(req)).grammar)
             tally = Tally(started_s, len(prompt_ids), on_usage)
             return await self._run("text", req, prompt_ids, params, tally, tenant)
         except (ValidationError, HeadroomError) as exc:
@@ -156,11 +158,11 @@ class OpenAIServing:
             raise NotReady(f"model {self.model_name!r} is loading or stopped; retry shortly")
         return self.tokenizer
 
-    async def _grammar(self, req: BaseRequest) -> str | None:
-        """The request's output grammar (structured_output), compiled off the event loop."""
+    async def _plan(self, req: BaseRequest) -> OutputPlan:
+        """The request's output grammar and tools (structured_output), compiled off the event loop."""
         grammars = self.engine.engine.grammars if self.engine is not None else None
         template = self.tokenizer.files.chat_template if self.tokenizer is not None else None
-        return await asyncio.to_thread(output_grammar, req, template, self.model_name, grammars)
+        return await asyncio.to_thread(output_plan, req, template, self.model_name, grammars)
 
     def _params(
         self, req: BaseRequest, prompt_ids: list[int], max_tokens: int | None, logprobs: int | None,
@@ -205,7 +207,7 @@ class OpenAIServing:
 
     async def _run(
         self, kind: str, req: BaseRequest, prompt_ids: list[int], params: SamplingParams, tally: Tally,
-        tenant: str = "",
+        tenant: str = "", tools: ToolPlan | None = None,
     ) -> ServingResponse:
         engine = self.engine
         if engine is None:
@@ -235,6 +237,8 @@ class OpenAIServing:
             self._choice(kind, o, o.text, o.logprobs, 0, final=True)
             for o in sorted(final.values(), key=lambda o: o.index)
         ]
+        if tools is not None:
+            choices = [with_tool_calls(c, tools) for c in choices]
         body = {
             "id": rid,
             "object": "chat.completion" if kind == "chat" else "text_completion",

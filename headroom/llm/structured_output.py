@@ -5,7 +5,8 @@
 - `{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}` (OpenAI's shape): output
   that validates against `schema`. The schema is enforced whatever `strict` says (a grammar either holds or not).
 - `tools` / `tool_choice` / `parallel_tool_calls`: accepted only where the model's chat template renders tools
-  (`template_supports_tools`); elsewhere a 400 that says the model's template has no tool support.
+  (`template_supports_tools`), planned by `headroom.llm.tools`; elsewhere a 400 that says the model's template
+  has no tool support.
 
 JSON is generated compactly (no optional whitespace: a small model given free whitespace can spend its whole
 budget on newlines). The grammar text is llguidance's (`LLMatcher.grammar_from_json_schema`); compiling it
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from headroom.llm.grammar import GrammarCompiler, new_matcher
 from headroom.llm.openai_protocol import BaseRequest, ChatRequest
+from headroom.llm.tools import ToolPlan, plan_tools
 from headroom.protocol.openai_errors import FieldError
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for json_schema.name and function names
@@ -57,11 +60,12 @@ def schema_grammar(schema: dict[str, Any], param: str) -> str:
         raise FieldError(param, f"{param}: the schema cannot be used: {exc}") from None
 
 
-def check_tools(body: dict[str, Any], template_supports_tools: bool, model_name: str) -> None:
-    """Refuse tool fields this model cannot honour (FieldError naming the first field sent)."""
+def check_tools(body: dict[str, Any], template_supports_tools: bool, model_name: str) -> ToolPlan | None:
+    """The plan for the tool fields sent (None: none sent), or a FieldError naming the first field sent when this
+    model cannot honour them."""
     sent = [f for f in _TOOL_FIELDS if f in body]
     if not sent:
-        return
+        return None
     if not template_supports_tools:
         raise FieldError(
             sent[0],
@@ -69,12 +73,9 @@ def check_tools(body: dict[str, Any], template_supports_tools: bool, model_name:
             "them), so this model cannot call tools; resend without tools, tool_choice and parallel_tool_calls",
             "unsupported_parameter",
         )
-    tools = body.get("tools")
-    if "tool_choice" in body and tools is None:
-        raise FieldError("tool_choice", "tool_choice needs tools")
-    raise FieldError(
-        sent[0], f"{sent[0]}: tool calls are not implemented for model {model_name!r}", "unsupported_parameter"
-    )
+    if "tools" not in body:
+        raise FieldError(sent[0], f"{sent[0]} needs tools")
+    return plan_tools(body["tools"], body.get("tool_choice"), body.get("parallel_tool_calls"))
 
 
 def template_supports_tools(chat_template: str | None) -> bool:
@@ -115,20 +116,34 @@ def _show(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def output_grammar(req: BaseRequest, chat_template: str | None, model_name: str,
-                   compiler: GrammarCompiler | None) -> str | None:
-    """The grammar a request's output must follow (None = free text), compiled and cached by `compiler`, or a
-    FieldError (400). Blocking (a first schema compiles against the vocabulary): call it in a worker thread."""
+@dataclass(frozen=True, slots=True)
+class OutputPlan:
+    """How a request's output is constrained and read back."""
+
+    grammar: str | None = None  # llguidance grammar the output must follow; None = free text
+    tools: ToolPlan | None = None  # the request's tools (chat templates that render them)
+
+
+def output_plan(req: BaseRequest, chat_template: str | None, model_name: str,
+                compiler: GrammarCompiler | None) -> OutputPlan:
+    """The request's output plan, its grammar compiled and cached by `compiler`, or a FieldError (400).
+    Blocking (a first schema compiles against the vocabulary): call it in a worker thread."""
+    tools = None
     if isinstance(req, ChatRequest):
-        check_tools(req.model_dump(include=set(_TOOL_FIELDS), exclude_none=True),
-                    template_supports_tools(chat_template), model_name)
-    if req.response_format is None:
-        return None
-    grammar = response_format_grammar(req.response_format)
+        tools = check_tools(req.model_dump(include=set(_TOOL_FIELDS), exclude_none=True),
+                            template_supports_tools(chat_template), model_name)
+    grammar = response_format_grammar(req.response_format) if req.response_format is not None else None
+    if tools is not None and tools.parse_calls:
+        if grammar is not None:
+            raise FieldError("response_format", "a JSON response_format cannot be combined with tools unless "
+                             "tool_choice is 'none'")
+        if req.stream:
+            raise FieldError("stream", "streamed tool calls are not supported yet; send stream: false with tools")
+        grammar = schema_grammar(tools.schema, "tools") if tools.schema is not None else None
     if grammar is None:
-        return None
+        return OutputPlan(None, tools)
     if req.ignore_eos:
-        raise FieldError("ignore_eos", "ignore_eos cannot be combined with a JSON response_format (the output ends "
-                         "where the JSON does)")
+        raise FieldError("ignore_eos", "ignore_eos cannot be combined with a JSON response_format or required "
+                         "tool calls (the output ends where the JSON does)")
     new_matcher(compiler, grammar)  # compiles (and caches) it now: a schema llguidance refuses is a 400 here
-    return grammar
+    return OutputPlan(grammar, tools)

@@ -76,7 +76,7 @@ RANGES: Mapping[str, Range] = {
     "logit_bias": Range(-100.0, 100.0),  # each bias value
 }
 
-BOOLEANS = frozenset({"stream", "echo", "ignore_eos", "include_stop_str_in_output"})
+BOOLEANS = frozenset({"stream", "echo", "ignore_eos", "include_stop_str_in_output", "parallel_tool_calls"})
 STRINGS = frozenset({"model", "user", "safety_identifier"})
 
 #: Fields beyond OpenAI's API that headroom honours, with vLLM's meaning (docs/openai.md lists them).
