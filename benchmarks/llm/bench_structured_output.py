@@ -9,13 +9,16 @@ enough to decode `--max-tokens` tokens) with the masks computed in the mask thre
 default), and under the schema with the masks computed inline after the forward; in rotating order, all
 sequences of a mode in one continuous batch. TPOT of a sequence = (last token - first token) / (tokens - 1) on
 the engine clock. The JSON holds every round's per-mode median TPOT, the medians over rounds, and the overheads
-(constrained / free - 1).
+(constrained / free - 1). Wall time is at the mercy of a shared machine, so it also records CPU time: the
+process's CPU per output token of free decoding, and the engine thread's CPU per output token spent in the
+grammar work (masks, applying them, advancing matchers; inline mode): their ratio is the constraint's cost.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -23,8 +26,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from headroom.llm import engine as engine_mod
+from headroom.llm import grammar
 from headroom.llm.config import EngineConfig
 from headroom.llm.engine import LLMEngine
+from headroom.llm.grammar import MaskWorker
 from headroom.llm.offline import DEFAULT_MODEL, load_engine
 from headroom.llm.request import SamplingParams
 from headroom.llm.structured_output import schema_grammar
@@ -56,15 +62,39 @@ PROMPTS = [
 ]
 
 
-def tpot_ms(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, tag: str) -> list[float]:
-    """Run the prompts as one batch; each sequence's time per output token after the first (ms)."""
+class GrammarCpu:
+    """Engine-thread CPU seconds spent in the grammar work (masks, applying them, advancing the matchers): robust
+    to a loaded machine, unlike wall time. Wraps the functions the engine calls (instrumentation only)."""
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+        for module, name in ((grammar, "compute_masks"), (grammar, "apply_bitmask"), (engine_mod, "advance")):
+            setattr(module, name, self._timed(getattr(module, name)))
+
+    def _timed(self, fn: Any) -> Any:
+        def wrapped(*args: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return fn(*args)
+            finally:
+                self.cpu_s += time.thread_time() - t0
+        return wrapped
+
+
+def tpot_ms(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, tag: str,
+            cpu: dict[str, float]) -> list[float]:
+    """Run the prompts as one batch; each sequence's time per output token after the first (ms). Adds the
+    process CPU seconds and output tokens of the run to `cpu`."""
     for i, p in enumerate(prompts):
         engine.add_request(f"{tag}-{i}", p, params)
     done: dict[str, Any] = {}
+    t0 = time.process_time()
     while engine.has_unfinished:
         for out in engine.step():
             if out.finished:
                 done[out.request_id] = out
+    cpu["process_cpu_s"] = cpu.get("process_cpu_s", 0.0) + time.process_time() - t0
+    cpu["tokens"] = cpu.get("tokens", 0.0) + sum(len(o.token_ids) for o in done.values())
     out_tpot = []
     for out in done.values():
         n = len(out.token_ids)
@@ -91,7 +121,9 @@ def main() -> None:
     grammar = schema_grammar(SCHEMA, "bench")
     free = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     constrained = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, grammar=grammar)
-    tpot_ms(engine, prompts[:1], constrained, "warm")  # compile the grammar, build the llguidance tokenizer
+    tpot_ms(engine, prompts[:1], constrained, "warm", {})  # compile the grammar, build the llguidance tokenizer
+    gcpu = GrammarCpu()
+    cpu: dict[str, dict[str, float]] = {"free": {}, "json": {}, "json_inline": {}}
     rounds = []
     for r in range(args.rounds):
         order = [("free", free, True), ("json", constrained, True), ("json_inline", constrained, False)]
@@ -100,7 +132,10 @@ def main() -> None:
                                                                     text=True).stdout.strip()}
         for name, params, threaded in order:
             engine.mask_worker.threaded = threaded
-            row[f"{name}_tpot_ms"] = statistics.median(tpot_ms(engine, prompts, params, f"{name}{r}"))
+            before = gcpu.cpu_s
+            row[f"{name}_tpot_ms"] = statistics.median(tpot_ms(engine, prompts, params, f"{name}{r}", cpu[name]))
+            if name == "json_inline":
+                cpu[name]["grammar_cpu_s"] = cpu[name].get("grammar_cpu_s", 0.0) + gcpu.cpu_s - before
         rounds.append(row)
         print(f"round {r}: free {row['free_tpot_ms']:.2f} ms, json (masks in the thread) {row['json_tpot_ms']:.2f} "
               f"ms, json (masks inline after the forward) {row['json_inline_tpot_ms']:.2f} ms")
@@ -108,6 +143,9 @@ def main() -> None:
     free_med = statistics.median(r["free_tpot_ms"] for r in rounds)
     json_med = statistics.median(r["json_tpot_ms"] for r in rounds)
     inline_med = statistics.median(r["json_inline_tpot_ms"] for r in rounds)
+    free_cpu_ms = 1e3 * cpu["free"]["process_cpu_s"] / cpu["free"]["tokens"]
+    json_cpu_ms = 1e3 * cpu["json_inline"]["process_cpu_s"] / cpu["json_inline"]["tokens"]
+    grammar_cpu_ms = 1e3 * cpu["json_inline"]["grammar_cpu_s"] / cpu["json_inline"]["tokens"]
     result = {
         "benchmark": "structured_output_tpot",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -120,10 +158,19 @@ def main() -> None:
         "free_tpot_ms_median": free_med,
         "json_tpot_ms_median": json_med,
         "json_inline_tpot_ms_median": inline_med,
+        "free_process_cpu_ms_per_token": free_cpu_ms,
+        "json_inline_process_cpu_ms_per_token": json_cpu_ms,
+        "process_cpu_overhead_inline": json_cpu_ms / free_cpu_ms - 1,
+        "grammar_cpu_ms_per_token": grammar_cpu_ms,
+        "grammar_cpu_overhead": grammar_cpu_ms / free_cpu_ms,
         "overhead": json_med / free_med - 1,
         "overhead_inline_masks": inline_med / free_med - 1,
+        "default_masks_on_this_machine": "thread" if MaskWorker().threaded else "inline",
+        "cpu_count": os.cpu_count(),
         "note": "machine shared with other work (2 cores, 7+ parallel sessions): indicative numbers only",
     }
+    print(f"CPU per token: free {free_cpu_ms:.3f} ms (process), grammar work {grammar_cpu_ms:.3f} ms "
+          f"({100 * grammar_cpu_ms / free_cpu_ms:.1f}%)")
     print(f"median TPOT: free {free_med:.2f} ms, json {json_med:.2f} ms (inline masks {inline_med:.2f} ms), "
           f"overhead {100 * (json_med / free_med - 1):+.1f}%")
     if args.out:
