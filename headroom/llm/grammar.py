@@ -82,7 +82,9 @@ class GrammarCompiler:
                 return hit
         try:
             matcher = llguidance.LLMatcher(self._lltokenizer(), grammar)
-        except ValueError as exc:
+        except BaseException as exc:  # ValueError for a bad grammar, or a Rust panic: this request's 400
+            if not _contained(exc):
+                raise
             raise FieldError(param, f"{param}: the schema cannot be used: {exc}") from None
         if matcher.is_error():
             raise FieldError(param, f"{param}: the schema cannot be used: {matcher.get_error()}")
@@ -122,10 +124,22 @@ def compute_masks(matchers: Sequence[LLMatcher], vocab_size: int) -> tuple[torch
     masks = torch.zeros((len(matchers), words), dtype=torch.int32)
     errors: dict[int, str] = {}
     for i, m in enumerate(matchers):
-        m.unsafe_compute_mask_ptr(masks[i].data_ptr(), words * 4)
+        try:
+            m.unsafe_compute_mask_ptr(masks[i].data_ptr(), words * 4)
+        except BaseException as exc:  # a Rust panic (pyo3's PanicException is a BaseException): this one only
+            if not _contained(exc):
+                raise
+            errors[i] = f"llguidance failed: {exc}"
+            continue
         if m.is_error():
             errors[i] = m.get_error().splitlines()[0] if m.get_error() else "the matcher failed"
     return masks, errors
+
+
+def _contained(exc: BaseException) -> bool:
+    """Whether an exception out of llguidance is the grammar's (an Exception or a Rust panic), not the process's
+    (KeyboardInterrupt, SystemExit)."""
+    return not isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit)
 
 
 def apply_bitmask(rows: torch.Tensor, masks: torch.Tensor) -> None:
@@ -138,7 +152,13 @@ def apply_bitmask(rows: torch.Tensor, masks: torch.Tensor) -> None:
 
 def advance(matcher: LLMatcher, token: int) -> None:
     """Feed the sampled token to the sequence's matcher; GrammarError when it refuses it."""
-    if not matcher.consume_token(token):
+    try:
+        ok = matcher.consume_token(token)
+    except BaseException as exc:  # a Rust panic: this sequence only
+        if not _contained(exc):
+            raise
+        raise GrammarError(f"llguidance failed on token {token}: {exc}") from None
+    if not ok:
         detail = matcher.get_error() or "the token does not fit the grammar"
         raise GrammarError(f"the output grammar refused token {token}: {detail.splitlines()[0]}")
 

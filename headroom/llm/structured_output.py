@@ -56,7 +56,9 @@ def schema_grammar(schema: dict[str, Any], param: str) -> str:
 
     try:
         return str(llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False}))
-    except (ValueError, TypeError) as exc:
+    except BaseException as exc:  # ValueError / TypeError for a bad schema, or a Rust panic: this request's 400
+        if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
+            raise
         raise FieldError(param, f"{param}: the schema cannot be used: {exc}") from None
 
 

@@ -102,6 +102,17 @@ _FIELDS["logit_bias"] = st.one_of(
 )
 _FIELDS["stop_token_ids"] = st.one_of(st.lists(st.integers(-2, 60_000), max_size=3), _ANY)
 _FIELDS["max_tokens"] = st.one_of(st.integers(-2, 2), _ANY)
+_SCHEMA = st.dictionaries(st.sampled_from(["type", "minimum", "maxLength", "enum", "properties", "pattern", "$ref"]),
+                          st.one_of(_ANY, st.sampled_from(["object", "string", "integer", "#/x", "(("])), max_size=3)
+_FIELDS["response_format"] = st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema", "xml"])}, optional={
+        "json_schema": st.one_of(st.fixed_dictionaries({"name": st.text(max_size=4)},
+                                                       optional={"schema": st.one_of(_SCHEMA, _ANY), "strict": _ANY}),
+                                 _ANY)}),
+    _ANY,
+)
+_FIELDS["tools"] = _ANY
+_FIELDS["tool_choice"] = st.one_of(st.sampled_from(["auto", "none", "required"]), _ANY)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
