@@ -50,7 +50,7 @@ from headroom.llm.openai_usage import Tally, UsageCallback, usage_body
 from headroom.llm.request import SamplingParams, SequenceOutput, TokenLogprob
 from headroom.llm.structured_output import OutputPlan, output_plan
 from headroom.llm.tokenizer import Tokenizer
-from headroom.llm.tools import ToolPlan, with_tool_calls
+from headroom.llm.tools import ToolPlan, final_tool_delta, with_tool_calls
 from headroom.llm.validation import FieldError, Kind, check_body, logit_bias, token_ids
 
 log = logging.getLogger("headroom.llm")
@@ -223,7 +223,7 @@ class OpenAIServing:
         created = int(time.time())
         if req.stream:
             usage = bool((req.stream_options or {}).get("include_usage"))
-            stream = self._stream(kind, rid, created, outputs, len(prompt_ids), usage, tally)
+            stream = self._stream(kind, rid, created, outputs, len(prompt_ids), usage, tally, tools)
             return ServingResponse(200, stream=stream)
         final = tally.last
         try:
@@ -297,6 +297,7 @@ class OpenAIServing:
         num_prompt: int,
         include_usage: bool,
         tally: Tally,
+        tools: ToolPlan | None = None,
     ) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         head = {"id": rid, "object": obj, "created": created, "model": self.model_name}
@@ -310,6 +311,10 @@ class OpenAIServing:
                     role = {"index": out.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
                     yield sse({**head, "choices": [{**role, "finish_reason": None}]})
                 last[out.index] = out
+                if tools is not None and tools.parse_calls:  # held back: the whole text may be a call array
+                    if out.finished:
+                        yield sse({**head, "choices": [final_tool_delta(out, tools)]})
+                    continue
                 lps = out.logprobs[sent_lps.get(out.index, 0) :]
                 if not out.delta_text and not out.finished and not lps:
                     continue

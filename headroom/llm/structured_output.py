@@ -139,8 +139,6 @@ def output_plan(req: BaseRequest, chat_template: str | None, model_name: str,
         if grammar is not None:
             raise FieldError("response_format", "a JSON response_format cannot be combined with tools unless "
                              "tool_choice is 'none'")
-        if req.stream:
-            raise FieldError("stream", "streamed tool calls are not supported yet; send stream: false with tools")
         grammar = schema_grammar(tools.schema, "tools") if tools.schema is not None else None
     if grammar is None:
         return OutputPlan(None, tools)

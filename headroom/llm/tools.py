@@ -10,7 +10,8 @@ The model is asked (by its own chat template, which gets `tools`) to answer with
   each call's `name` one of the allowed functions, its `arguments` that function's `parameters`), so it always
   parses into `tool_calls`. `parallel_tool_calls: false` allows one call.
 
-Calls come back in OpenAI's shape with `finish_reason: "tool_calls"`. Every refusal is a FieldError (400).
+Calls come back in OpenAI's shape with `finish_reason: "tool_calls"`; streamed, a choice that may be calls is
+held back and sent as one chunk when it finishes (`final_tool_delta`). Every refusal is a FieldError (400).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from headroom.llm.request import SequenceOutput
 from headroom.protocol.openai_errors import FieldError
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -93,6 +95,17 @@ def with_tool_calls(choice: dict[str, Any], plan: ToolPlan) -> dict[str, Any]:
         return choice
     return {**choice, "message": {"role": "assistant", "content": None, "tool_calls": calls},
             "finish_reason": "tool_calls"}
+
+
+def final_tool_delta(out: SequenceOutput, plan: ToolPlan) -> dict[str, Any]:
+    """A streamed choice's one chunk (sent when it finished): its calls as `delta.tool_calls` with
+    `finish_reason: "tool_calls"`, or, when the text is not a call array, the whole text as `delta.content`."""
+    finish = out.finish_reason.value if out.finish_reason else None
+    calls = parse_tool_calls(out.text, plan.allowed) if finish == "stop" else None
+    if calls is None:
+        return {"index": out.index, "delta": {"content": out.text}, "logprobs": None, "finish_reason": finish}
+    delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+    return {"index": out.index, "delta": delta, "logprobs": None, "finish_reason": "tool_calls"}
 
 
 def _functions(tools: object) -> tuple[tuple[dict[str, Any], ...], list[dict[str, Any]]]:

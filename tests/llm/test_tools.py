@@ -18,6 +18,7 @@ from headroom.llm.offline import build_engine
 from headroom.llm.serving import OpenAIServing
 from headroom.llm.tokenizer import Tokenizer
 from headroom.llm.tools import parse_tool_calls, plan_tools
+from tests.llm.test_serving import _sse
 
 TEMPLATE = (
     "{% if tools %}<|im_start|>system\nFunctions: {{ tools | tojson }}\nAnswer with a JSON array of calls."
@@ -83,6 +84,24 @@ async def test_a_named_function_and_no_parallel_calls(serving: OpenAIServing) ->
     assert json.loads(calls[0]["function"]["arguments"])["tz"] in ("UTC", "CET")
 
 
+async def test_streamed_tool_calls_arrive_in_one_chunk_when_the_choice_finishes(serving: OpenAIServing) -> None:
+    body = {"messages": ASK, "max_tokens": 96, "temperature": 1.0, "seed": 3, "tools": TOOLS,
+            "tool_choice": "required", "stream": True, "stream_options": {"include_usage": True}}
+    events = await _sse(await serving.create_chat_completion(body))
+    assert events[-1] == "[DONE]" and events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] > 0
+    choices = [e["choices"][0] for e in events[:-2]]
+    assert choices[0]["delta"] == {"role": "assistant", "content": ""} and len(choices) == 2
+    final = choices[1]
+    assert final["finish_reason"] == "tool_calls" and "content" not in final["delta"]
+    calls = final["delta"]["tool_calls"]
+    assert [c["index"] for c in calls] == list(range(len(calls)))
+    for call in calls:
+        jsonschema.validate(json.loads(call["function"]["arguments"]), PARAMS[call["function"]["name"]])
+    auto = await _sse(await serving.create_chat_completion(
+        {**body, "tool_choice": "auto", "max_tokens": 6, "ignore_eos": True, "stream_options": None}))
+    assert auto[-2]["choices"][0]["finish_reason"] == "length" and auto[-2]["choices"][0]["delta"]["content"]
+
+
 async def test_none_and_auto_leave_the_output_free(serving: OpenAIServing) -> None:
     for choice in ("none", "auto"):
         status, body = await _chat(serving, tools=TOOLS, tool_choice=choice, max_tokens=8, ignore_eos=True)
@@ -102,7 +121,6 @@ async def test_none_and_auto_leave_the_output_free(serving: OpenAIServing) -> No
         ({"tools": TOOLS + TOOLS[:1]}, "tools.2.function.name"),
         ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
         ({"tool_choice": "auto"}, "tool_choice"),
-        ({"tools": TOOLS, "stream": True}, "stream"),
         ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
         ({"tools": TOOLS, "tool_choice": "required", "ignore_eos": True}, "ignore_eos"),
     ],
