@@ -55,6 +55,7 @@ def test_json_object_returns_a_parseable_object(client: openai.OpenAI) -> None:
         assert choice.finish_reason == "length" and choice.message.content.startswith("{")
 
 
+@pytest.mark.timeout(900)  # 100 sampled sequences: seconds on a quiet machine, minutes on a loaded one
 async def test_100_objects_of_a_held_out_schema_all_validate(live: tuple[_Server, openai.OpenAI]) -> None:
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{live[0].port}/v1", api_key="unused", max_retries=0)
     fmt: Any = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
@@ -65,6 +66,7 @@ async def test_100_objects_of_a_held_out_schema_all_validate(live: tuple[_Server
     ))
     await client.close()
     objects = []
+    print("completion tokens per request:", [out.usage.completion_tokens for out in outs if out.usage])
     for out in outs:
         for choice in out.choices:
             assert choice.finish_reason == "stop", choice.message.content
