@@ -153,7 +153,7 @@ def main() -> None:
         "weight_dtype": cfg.weight_dtype,
         "batch": args.batch,
         "max_tokens": args.max_tokens,
-        "schema": SCHEMA,
+        "json_schema": SCHEMA,
         "rounds": rounds,
         "free_tpot_ms_median": free_med,
         "json_tpot_ms_median": json_med,
