@@ -9,9 +9,10 @@ Mechanism only (what a grammar *is* for a request is `headroom.llm.structured_ou
   `compile` is thread-safe: the HTTP layer calls it in a worker thread (never on the event loop) to refuse a
   bad schema with a 400 before the request reaches the engine; the engine thread then hits the cache.
 - `MaskWorker` computes the next-token bitmasks of a step's constrained sequences in its own thread while the
-  runner's forward runs (the native kernels and torch release the GIL), so the masks are off the critical path.
-- `apply_bitmask` sets the disallowed entries of one sequence's logits row to -inf; no other row is touched,
-  so unconstrained sequences in the same batch keep their exact (batch-invariant) logits.
+  runner's forward runs (the native kernels and torch release the GIL), so the masks are off the critical path;
+  on machines of 2 cores or fewer it computes them right after the forward instead (see `MaskWorker`).
+- `apply_bitmask` sets the disallowed entries of the constrained sequences' logits rows to -inf; no other row
+  is touched, so unconstrained sequences in the same batch keep their exact (batch-invariant) logits.
 
 A grammar error (a token the matcher refuses, a matcher in an error state) is raised as `GrammarError`, which
 the engine turns into the failure of that one request.
