@@ -219,6 +219,7 @@ class AsyncLLMEngine:
                     self.engine.abort(req_id)
             except Exception as exc:  # the engine is broken beyond freeing its requests
                 self._error = self._error or exc
+            self.engine.close()
             if self._error is not None and self._on_fatal is not None:
                 self._on_fatal(self._error)
 

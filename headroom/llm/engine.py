@@ -22,6 +22,7 @@ import torch
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import ContextLengthExceeded, HeadroomError, InvalidRequest, RateLimited
 from headroom.llm.config import EngineConfig
+from headroom.llm.grammar import MATCHER_KEY, MaskWorker, StepMasks, advance, compiler_for, new_matcher
 from headroom.llm.kv_cache import KVCacheManager
 from headroom.llm.request import (
     FinishReason,
@@ -115,6 +116,11 @@ class LLMEngine:
         self._host_kv: dict[str, object] = {}  # swapped-out sequences' K/V in host memory
         self.spec_draft_tokens = 0  # speculative tokens proposed so far
         self.spec_accepted_tokens = 0  # of those, accepted
+        self.grammars = compiler_for(tokenizer, runner.vocab_size)  # constrained output; None without a tokenizer
+        self.mask_worker = MaskWorker()  # computes grammar masks while the forward runs; close() ends it
+
+    def close(self) -> None:  # ends the grammar mask thread; the engine must not step afterwards
+        self.mask_worker.close()
 
     # --- admission --------------------------------------------------------------------------------------
     def add_request(
@@ -149,6 +155,7 @@ class LLMEngine:
                 f"the waiting queue is full ({self.config.max_waiting_requests} requests); retry later",
                 retry_after_s=self.config.retry_after_s,
             )
+        matcher = new_matcher(self.grammars, params.grammar) if params.grammar is not None else None
         now = self.clock.now_s()
         ids: list[str] = []
         for i in range(params.n):
@@ -171,6 +178,8 @@ class LLMEngine:
             )
             if self.tokenizer is not None:
                 req.extra["detok"] = IncrementalDetokenizer(self.tokenizer)
+            if matcher is not None:
+                req.extra[MATCHER_KEY] = matcher.deep_copy()
             self.scheduler.add(req)
             ids.append(seq_id)
         self._children[request_id] = ids
@@ -239,6 +248,8 @@ class LLMEngine:
             items.append(
                 BatchItem(s.request_id, tokens, s.start_position, table, s.samples, 1 + len(s.draft_token_ids))
             )
+        sampling = [reqs[s.request_id] for s in decision.seqs if s.samples]
+        masks = StepMasks(self.mask_worker, sampling, self.runner.vocab_size)  # computed during the forward
         logits = self.runner.execute(ModelBatch(tuple(items), self.config.block_size_tokens))
         now = self.clock.now_s()
         # rows per sampling item: 1 + its drafts; plain items are sampled together, speculative ones verified
@@ -265,7 +276,9 @@ class LLMEngine:
                 plain.append((row, req))
             row += 1 + len(s.draft_token_ids)
         if plain:
-            picks = sample(logits[[r for r, _ in plain]], [req for _, req in plain])
+            rows = logits[[r for r, _ in plain]]
+            failed.update((i, (reqs[i], e)) for i, e in masks.apply(rows, [q.request_id for _, q in plain]).items())
+            picks = sample(rows, [req for _, req in plain])
             for (_, req), pick in zip(plain, picks, strict=True):
                 if isinstance(pick, HeadroomError):
                     failed[req.request_id] = (req, pick)
@@ -281,6 +294,8 @@ class LLMEngine:
                 self.kv.cache_full_blocks(req.request_id, req.token_ids, req.num_computed_tokens, req.cache_key)
                 continue
             try:
+                if MATCHER_KEY in req.extra:
+                    advance(req.extra[MATCHER_KEY], emitted[req.request_id][0][0])
                 n_new, delta = self._append(req, emitted[req.request_id], now)
             except Exception as exc:  # a detokenizer / stop-check failure: this sequence alone
                 log.exception("sequence %s failed after its step", req.request_id)

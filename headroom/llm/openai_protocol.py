@@ -46,6 +46,7 @@ class BaseRequest(BaseModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     priority: int = 0
+    response_format: Any = None  # checked by headroom.llm.structured_output
     # vLLM's prefix-cache salt: cached prompt blocks are shared only among requests with the same salt
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
 
@@ -64,6 +65,9 @@ class ChatRequest(BaseRequest):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: Any = None  # checked by headroom.llm.structured_output
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(BaseRequest):

@@ -32,6 +32,7 @@ class SamplingParams:
     logprobs: int | None = None  # return the chosen token's logprob and this many top alternatives
     include_stop_str_in_output: bool = False  # keep the matched stop string in the text
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), sorted by id
+    grammar: str | None = None  # llguidance grammar the output must follow (headroom.llm.grammar); None = free
 
     def validate(self) -> None:
         """Raise `FieldError` (a 400 at the edge) naming the bad field; the ranges are `validation.RANGES`."""

@@ -49,7 +49,9 @@ from headroom.llm.openai_protocol import (
 )
 from headroom.llm.openai_usage import RequestObserver, Tally, UsageCallback, observed, usage_body
 from headroom.llm.request import SamplingParams, SequenceOutput, TokenLogprob
+from headroom.llm.structured_output import OutputPlan, output_plan
 from headroom.llm.tokenizer import Tokenizer
+from headroom.llm.tools import ToolPlan, final_tool_delta, with_tool_calls
 from headroom.llm.validation import FieldError, Kind, check_body, logit_bias, token_ids
 
 log = logging.getLogger("headroom.llm")
@@ -101,13 +103,15 @@ class OpenAIServing:
         try:
             req = self._parse(body, "chat", ChatRequest)
             tok = self._ready()
+            plan = await self._plan(req)
             messages = [{"role": m.role, "content": _content_text(m.content)} for m in req.messages]
-            prompt_ids = tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
+            tools = plan.tools.tools if plan.tools is not None else None
+            prompt_ids = tok.encode(tok.apply_chat_template(messages, tools=tools), add_special_tokens=False)
             max_tokens = req.max_completion_tokens or req.max_tokens
             top = req.top_logprobs if req.logprobs else None
-            params = self._params(req, prompt_ids, max_tokens, (top or 0) if req.logprobs else None)
+            params = self._params(req, prompt_ids, max_tokens, (top or 0) if req.logprobs else None, plan.grammar)
             tally = Tally(started_s, len(prompt_ids), observed(self.observer, on_usage))
-            return await self._run("chat", req, prompt_ids, params, tally, tenant)
+            return await self._run("chat", req, prompt_ids, params, tally, tenant, plan.tools)
         except (ValidationError, HeadroomError) as exc:
             return self._refused(started_s, tally, exc)
         except Exception as exc:  # e.g. the tokenizer or chat template failed on this input: 500, this one only
@@ -133,7 +137,7 @@ class OpenAIServing:
                 prompt_ids = tok.encode(prompt)
             else:
                 prompt_ids = list(token_ids(prompt, "prompt", self._vocab_size()))
-            params = self._params(req, prompt_ids, req.max_tokens, req.logprobs)
+            params = self._params(req, prompt_ids, req.max_tokens, req.logprobs, (await self._plan(req)).grammar)
             tally = Tally(started_s, len(prompt_ids), observed(self.observer, on_usage))
             return await self._run("text", req, prompt_ids, params, tally, tenant)
         except (ValidationError, HeadroomError) as exc:
@@ -170,8 +174,15 @@ class OpenAIServing:
             raise NotReady(f"model {self.model_name!r} is loading or stopped; retry shortly")
         return self.tokenizer
 
+    async def _plan(self, req: BaseRequest) -> OutputPlan:
+        """The request's output grammar and tools (structured_output), compiled off the event loop."""
+        grammars = self.engine.engine.grammars if self.engine is not None else None
+        template = self.tokenizer.files.chat_template if self.tokenizer is not None else None
+        return await asyncio.to_thread(output_plan, req, template, self.model_name, grammars)
+
     def _params(
-        self, req: BaseRequest, prompt_ids: list[int], max_tokens: int | None, logprobs: int | None
+        self, req: BaseRequest, prompt_ids: list[int], max_tokens: int | None, logprobs: int | None,
+        grammar: str | None = None,
     ) -> SamplingParams:
         if req.model and req.model != self.model_name:
             raise ModelNotFound(f"the model {req.model!r} does not exist; this server serves {self.model_name!r}")
@@ -205,13 +216,14 @@ class OpenAIServing:
             logprobs=logprobs,
             include_stop_str_in_output=req.include_stop_str_in_output,
             logit_bias=logit_bias(req.logit_bias, self._vocab_size()) if req.logit_bias else (),
+            grammar=grammar,
         )
         params.validate()
         return params
 
     async def _run(
         self, kind: str, req: BaseRequest, prompt_ids: list[int], params: SamplingParams, tally: Tally,
-        tenant: str = "",
+        tenant: str = "", tools: ToolPlan | None = None,
     ) -> ServingResponse:
         engine = self.engine
         if engine is None:
@@ -227,7 +239,7 @@ class OpenAIServing:
         created = int(time.time())
         if req.stream:
             usage = bool((req.stream_options or {}).get("include_usage"))
-            stream = self._stream(kind, rid, created, outputs, len(prompt_ids), usage, tally)
+            stream = self._stream(kind, rid, created, outputs, len(prompt_ids), usage, tally, tools)
             return ServingResponse(200, stream=stream)
         final = tally.last
         try:
@@ -241,6 +253,8 @@ class OpenAIServing:
             self._choice(kind, o, o.text, o.logprobs, 0, final=True)
             for o in sorted(final.values(), key=lambda o: o.index)
         ]
+        if tools is not None:
+            choices = [with_tool_calls(c, tools) for c in choices]
         body = {
             "id": rid,
             "object": "chat.completion" if kind == "chat" else "text_completion",
@@ -299,6 +313,7 @@ class OpenAIServing:
         num_prompt: int,
         include_usage: bool,
         tally: Tally,
+        tools: ToolPlan | None = None,
     ) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         head = {"id": rid, "object": obj, "created": created, "model": self.model_name}
@@ -312,6 +327,10 @@ class OpenAIServing:
                     role = {"index": out.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
                     yield sse({**head, "choices": [{**role, "finish_reason": None}]})
                 last[out.index] = out
+                if tools is not None and tools.parse_calls:  # held back: the whole text may be a call array
+                    if out.finished:
+                        yield sse({**head, "choices": [final_tool_delta(out, tools)]})
+                    continue
                 lps = out.logprobs[sent_lps.get(out.index, 0) :]
                 if not out.delta_text and not out.finished and not lps:
                     continue

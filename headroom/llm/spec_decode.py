@@ -58,7 +58,7 @@ class NgramProposer:
 
 def can_speculate(params: SamplingParams) -> bool:
     """Requests whose output speculation cannot change."""
-    return params.greedy and params.logprobs is None and not params.adjusts_logits
+    return params.greedy and params.logprobs is None and not params.adjusts_logits and params.grammar is None
 
 
 def propose_ngram(token_ids: Sequence[int], num_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> tuple[int, ...]:

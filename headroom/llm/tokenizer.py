@@ -37,8 +37,10 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
-        """Render a chat; without a template, a plain `role: content` transcript."""
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                            tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """Render a chat (with OpenAI's `tools`, for templates that render them); without a template, a plain
+        `role: content` transcript."""
         if self._template is None:
             lines = [f"{m['role']}: {m['content']}" for m in messages]
             return "\n".join(lines) + ("\nassistant:" if add_generation_prompt else "")
@@ -48,6 +50,7 @@ class Tokenizer:
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.files.bos_token,
                 eos_token=self.files.eos_token,
+                **({"tools": list(tools)} if tools is not None else {}),
             )
         )
 

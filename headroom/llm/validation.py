@@ -4,7 +4,8 @@
 
 - a field set to `null` counts as not sent (OpenAI's SDKs and LangChain send `null` for "default");
 - a field OpenAI defines but headroom does not implement is refused (`REFUSED`): 400 with
-  `code: "unsupported_parameter"` (structured output and tool calls: "structured output is not supported yet");
+  `code: "unsupported_parameter"`; `response_format` and the tool fields are checked by
+  `headroom.llm.structured_output`;
 - any other field not in the request model (OpenAI's fields plus `VENDOR_EXTENSIONS`) is refused with
   `code: "unknown_parameter"`;
 - every sampling and request field has a JSON type and a range (`RANGES`); a value outside it is a 400
@@ -75,7 +76,7 @@ RANGES: Mapping[str, Range] = {
     "logit_bias": Range(-100.0, 100.0),  # each bias value
 }
 
-BOOLEANS = frozenset({"stream", "echo", "ignore_eos", "include_stop_str_in_output"})
+BOOLEANS = frozenset({"stream", "echo", "ignore_eos", "include_stop_str_in_output", "parallel_tool_calls"})
 STRINGS = frozenset({"model", "user", "safety_identifier"})
 
 #: Fields beyond OpenAI's API that headroom honours, with vLLM's meaning (docs/openai.md lists them).
@@ -84,15 +85,11 @@ VENDOR_EXTENSIONS = (
     "include_stop_str_in_output",
 )
 
-_STRUCTURED = "structured output and tool calls are not supported yet; resend without it"
+_FUNCTIONS = "functions and function_call are deprecated by OpenAI and not supported; use tools and tool_choice"
 #: OpenAI fields headroom does not implement: refused with the reason, never silently ignored.
 REFUSED: Mapping[str, str] = {
-    "response_format": _STRUCTURED,
-    "tools": _STRUCTURED,
-    "tool_choice": _STRUCTURED,
-    "parallel_tool_calls": _STRUCTURED,
-    "functions": _STRUCTURED,
-    "function_call": _STRUCTURED,
+    "functions": _FUNCTIONS,
+    "function_call": _FUNCTIONS,
     "suffix": "suffix (insertion) is not supported",
     "best_of": "best_of is not supported; use n",
     "audio": "audio output is not supported",

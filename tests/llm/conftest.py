@@ -230,3 +230,20 @@ async def tiny_serving_factory(tiny_chat_parts: Any) -> Any:
 async def tiny_serving(tiny_serving_factory: Any) -> Any:
     """`OpenAIServing` over the tiny chat decoder with the default engine settings (2 MiB of KV)."""
     return await tiny_serving_factory()
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[tuple[Any, Any]]:
+    """The smollm2 server (uvicorn on 127.0.0.1, one per test module) and an `openai` SDK client of it."""
+    import openai
+
+    from tests.llm.test_http import _Server
+
+    with _Server() as srv:
+        yield srv, openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def client(live: tuple[Any, Any]) -> Any:
+    """The `openai.OpenAI` client of `live`."""
+    return live[1]

@@ -4,7 +4,6 @@ context overflow carries `code: context_length_exceeded`, and a fuzz of every fi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,18 +16,6 @@ from headroom.llm.validation import INT64_MAX, REFUSED
 from tests.llm.test_http import _Server
 
 MESSAGES: Any = [{"role": "user", "content": "Say hello."}]
-
-
-@pytest.fixture(scope="module")
-def live() -> Iterator[tuple[_Server, openai.OpenAI]]:
-    """The smollm2 server (uvicorn on 127.0.0.1) and an `openai` SDK client of it."""
-    with _Server() as srv:
-        yield srv, openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture
-def client(live: tuple[_Server, openai.OpenAI]) -> openai.OpenAI:
-    return live[1]
 
 
 def _error(exc: openai.APIStatusError) -> dict[str, Any]:
@@ -48,13 +35,10 @@ def test_each_refused_field_gets_a_400_naming_it(client: openai.OpenAI, field: s
     assert body["type"] == "invalid_request_error"
 
 
-def test_response_format_and_tools_are_refused_by_the_sdk_arguments(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match="structured output and tool calls are not supported yet"):
-        client.chat.completions.create(
-            model="smollm2", messages=MESSAGES, max_tokens=1, response_format={"type": "json_object"}
-        )
+def test_tools_are_refused_by_the_sdk_arguments_for_a_template_without_tools(client: openai.OpenAI) -> None:
+    """(response_format is honoured: tests/llm/test_structured_output.py.)"""
     tool: Any = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    with pytest.raises(openai.BadRequestError) as err:
+    with pytest.raises(openai.BadRequestError, match="does not support tools") as err:
         client.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=1, tools=[tool])
     assert _error(err.value)["param"] == "tools"
 
@@ -118,6 +102,17 @@ _FIELDS["logit_bias"] = st.one_of(
 )
 _FIELDS["stop_token_ids"] = st.one_of(st.lists(st.integers(-2, 60_000), max_size=3), _ANY)
 _FIELDS["max_tokens"] = st.one_of(st.integers(-2, 2), _ANY)
+_SCHEMA = st.dictionaries(st.sampled_from(["type", "minimum", "maxLength", "enum", "properties", "pattern", "$ref"]),
+                          st.one_of(_ANY, st.sampled_from(["object", "string", "integer", "#/x", "(("])), max_size=3)
+_FIELDS["response_format"] = st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema", "xml"])}, optional={
+        "json_schema": st.one_of(st.fixed_dictionaries({"name": st.text(max_size=4)},
+                                                       optional={"schema": st.one_of(_SCHEMA, _ANY), "strict": _ANY}),
+                                 _ANY)}),
+    _ANY,
+)
+_FIELDS["tools"] = _ANY
+_FIELDS["tool_choice"] = st.one_of(st.sampled_from(["auto", "none", "required"]), _ANY)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -88,10 +88,12 @@ def test_refused_openai_fields_are_400_never_ignored(field: str) -> None:
     assert err.value.param == field and err.value.code == "unsupported_parameter"
 
 
-def test_structured_output_says_it_is_not_supported() -> None:
-    for field in ("response_format", "tools", "tool_choice"):
-        with pytest.raises(FieldError, match="structured output and tool calls are not supported yet"):
+def test_deprecated_function_fields_point_to_tools_and_structured_fields_pass_to_their_checker() -> None:
+    for field in ("functions", "function_call"):
+        with pytest.raises(FieldError, match="deprecated by OpenAI and not supported; use tools"):
             _chat(**{field: "auto"})
+    for field in ("response_format", "tools", "tool_choice", "parallel_tool_calls"):  # structured_output checks them
+        assert field not in REFUSED
 
 
 def test_unknown_field_is_named_and_null_means_not_sent() -> None:
