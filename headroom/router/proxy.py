@@ -45,6 +45,7 @@ from headroom.router.canary import CanaryTracker
 from headroom.router.config import ProxyConfig
 from headroom.router.metrics import RouterMetrics, admin_routes, router_view
 from headroom.router.policies import choose
+from headroom.router.probes import probe_ready, record_probes
 from headroom.router.request_keys import request_key
 from headroom.router.snapshot import ReplicaSnapshot, RouterState, routable
 from headroom.router.upstream import HOP_BY_HOP, Attempt, ReplicaRuntime, Upstream
@@ -141,22 +142,9 @@ class Router:
         if client is None:
             return
         runtimes = list(self.replicas.values())
-
-        async def probe(rt: ReplicaRuntime) -> bool:
-            try:
-                r = await client.get(rt.upstream.base_url + "/v2/health/ready", timeout=self.config.check_timeout_s)
-                return r.status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        results = await asyncio.gather(*(probe(rt) for rt in runtimes))
-        now = self.clock.now_s()
-        for rt, ok in zip(runtimes, results, strict=True):
-            if rt.upstream.replica_id not in self.replicas:
-                continue  # removed while probing
-            event, self.health = hp.record_check(self.health, rt.upstream.replica_id, ok, now, self.config.health)
-            if event is not None:
-                log.info("event=%s replica=%s", event.kind, event.replica_id)
+        ready = await probe_ready(client, runtimes, self.config.check_timeout_s)
+        self.health = record_probes(self.health, runtimes, ready, self.replicas, self.clock.now_s(),
+                                    self.config.health)
 
     async def _check_loop(self) -> None:
         while True:
