@@ -324,7 +324,9 @@ class Batcher:
             post = model.postprocess(piece, entry.parameters)
             results.append(BatchResult(outputs=post, queue_s=max(0.0, start_s - entry.item.enqueued_s),
                                        compute_s=compute_s, postprocess_s=self._clock.now_s() - p0,
-                                       batch_size=batch_size, missing_streams=missing))
+                                       batch_size=batch_size, missing_streams=missing,
+                                       preprocess_s=entry.preprocess_s,
+                                       batch_wait_s=max(0.0, p0 - start_s - compute_s)))
         return results
 
 

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import Cancelled, HeadroomError, InvalidRequest, PayloadTooLarge, RateLimited
+from headroom.core.server_timing import parse_server_timing
 from headroom.gateway.asgi import (
     ASGIApp,
     Message,
@@ -71,7 +72,6 @@ from headroom.gateway.tracing import (
     span_plan_from_server_timing,
 )
 from headroom.gateway.usage import LLMUsage, reported_usage, unused_tokens
-from headroom.server.timing import parse_server_timing
 
 access_log = logging.getLogger("headroom.gateway.access")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from headroom.server.timing import parse_server_timing
+from headroom.core.server_timing import parse_server_timing
 from tests.support.server import RunningServer, run_server
 
 REPO = Path(__file__).resolve().parents[2] / "models"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from headroom.core.server_timing import parse_server_timing
 from headroom.gateway.usage import LLMUsage, report_usage, reported_usage, unused_tokens
-from headroom.server.timing import parse_server_timing
 
 USAGE = LLMUsage(prompt_tokens=9, completion_tokens=10, cached_tokens=4, preprocess_ms=0.5, queue_ms=1.25,
                  prefill_ms=7.0, decode_ms=30.0, total_ms=40.0, finish_reason="stop")

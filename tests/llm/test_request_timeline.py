@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from headroom.core.clock import FakeClock
+from headroom.core.server_timing import parse_server_timing
 from headroom.gateway.usage import LLMUsage
 from headroom.llm.config import EngineConfig
 from headroom.llm.engine import LLMEngine
 from headroom.llm.request import RequestTimeline, SamplingParams, SequenceOutput, merge_timelines
 from headroom.llm.runner import ModelBatch
 from headroom.llm.serving import OpenAIServing
-from headroom.server.timing import parse_server_timing
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
 
