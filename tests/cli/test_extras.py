@@ -23,6 +23,19 @@ def test_serve_import_graph_has_no_bench_dependency() -> None:
     assert out.stdout.strip() == ""
 
 
+#: imported on first use, not at `headroom serve` start (issue 16: cold start)
+NOT_AT_START = ("headroom.sim", "headroom.dashboard.playground", "opentelemetry.sdk", "headroom.llm.quality")
+
+
+def test_serve_start_defers_what_serving_the_default_models_does_not_need() -> None:
+    code = (
+        "import sys, headroom.cli.serve, headroom.server.app, headroom.llm.factory, headroom.llm.http\n"
+        f"print(','.join(m for m in {NOT_AT_START!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == ""
+
+
 def test_every_bench_only_module_maps_to_the_bench_extra() -> None:
     assert set(BENCH_ONLY) <= set(cli_main.OPTIONAL_MODULES)
     assert {cli_main.OPTIONAL_MODULES[m] for m in BENCH_ONLY} == {"bench"}
