@@ -60,6 +60,7 @@ from headroom.gateway.limits import (
     check_headers,
     check_json_shape,
     check_model_path,
+    count_body_chunk,
     estimate_openai_body,
     is_llm_path,
 )
@@ -281,9 +282,7 @@ class GatewayMiddleware:
             if message["type"] == "http.disconnect":
                 raise _ClientGone
             chunk: bytes = message.get("body", b"")
-            total += len(chunk)
-            if limits.max_body_bytes and total > limits.max_body_bytes:
-                raise PayloadTooLarge(f"request body exceeds the limit of {limits.max_body_bytes} bytes")
+            total = count_body_chunk(total, chunk, limits.max_body_bytes)
             if chunk:
                 chunks.append(chunk)
             if not message.get("more_body", False):

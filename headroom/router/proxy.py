@@ -27,7 +27,6 @@ import time
 from collections.abc import AsyncIterator, Collection, Sequence
 
 import httpx
-import orjson
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
@@ -37,6 +36,7 @@ from starlette.routing import Route
 
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import Cancelled, DeadlineExceeded, HeadroomError, Overloaded
+from headroom.gateway.limits import read_body
 from headroom.gateway.tracing import IngressSpan, parse_traceparent
 from headroom.router import degrade, tail
 from headroom.router import health as hp
@@ -289,10 +289,7 @@ class Router:
 
     async def _proxy(self, request: Request, traceparent: str | None = None) -> Response:
         c = self.config
-        body = await request.body()
-        if len(body) > c.max_body_bytes:
-            return Response(orjson.dumps({"error": f"body of {len(body)} bytes exceeds {c.max_body_bytes}",
-                                          "reason": "payload_too_large"}), 413, media_type="application/json")
+        body = await read_body(request, c.max_body_bytes)  # 413 before an oversized body is buffered
         now = self.clock.now_s()
         self.counters["requests"] += 1
         snaps = self.snapshots()

@@ -25,9 +25,10 @@ from starlette.types import Receive, Scope, Send
 
 from headroom.core.dataplane import ModelMetadata
 from headroom.core.deadline import client_timeout_ms, shorter
-from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound, PayloadTooLarge
+from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound
 from headroom.core.server_timing import server_timing_header
 from headroom.core.types import InferenceRequest, Tensor
+from headroom.gateway.limits import read_body
 from headroom.protocol.openai_errors import FieldError, exception_body
 from headroom.protocol.v2_http import decode_infer_request, encode_infer_response
 from headroom.server import embeddings
@@ -57,24 +58,6 @@ class HttpLimits:
 def _json(payload: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
                     media_type="application/json", headers=headers)
-
-
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """Read the body, refusing (413) anything over `max_bytes` before buffering it all."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise InvalidRequest("Content-Length must be a non-negative integer")
-        if int(declared) > max_bytes:
-            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {max_bytes} bytes")
-    chunks: list[bytes] = []
-    total = 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > max_bytes:
-            raise PayloadTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def disconnect_watcher(request: Request):  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ import json
 import re
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -136,6 +137,17 @@ def test_oversized_body_gets_413(test_repo: Path, tmp_path: Path) -> None:
         r = httpx.post(f"{srv.url}/v2/models/echo/infer",
                        json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [2500, 2], "data": data}]})
         assert r.status_code == 413 and "limit" in r.json()["error"]
+        big = "x" * 20_000
+        emb = httpx.post(f"{srv.url}/v1/embeddings", json={"model": "echo", "input": big})  # OpenAI route
+        assert emb.status_code == 413 and "limit" in emb.text
+
+        def chunked() -> Iterator[bytes]:  # no Content-Length: refused while the bytes arrive
+            for _ in range(20):
+                yield b" " * 1000
+
+        streamed = httpx.post(f"{srv.url}/v2/models/echo/infer", content=chunked(),
+                              headers={"content-type": "application/json"})
+        assert streamed.status_code == 413 and "limit" in streamed.json()["error"]
         assert httpx.get(srv.url + "/v2/health/ready").status_code == 200
 
 
