@@ -65,6 +65,9 @@ async def _events(model: str, chunks: AsyncIterator[str]) -> AsyncIterator[str]:
     Closing this generator closes the completion stream (which aborts the request in the engine)."""
     try:
         async for chunk in chunks:
+            if chunk.startswith(":"):  # an SSE comment (the stream's Server-Timing): passed through as is
+                yield chunk
+                continue
             data = chunk.removeprefix("data: ").strip()
             if not data or data == "[DONE]":
                 continue

@@ -33,7 +33,7 @@ def test_report_round_trip_server_timing_and_log_fields() -> None:
     report_usage(state, USAGE)
     assert reported_usage(state) is USAGE
     assert parse_server_timing(USAGE.server_timing()) == {
-        "preprocess": 0.5, "queue": 1.25, "prefill": 7.0, "decode": 30.0, "total": 40.0
+        "preprocess": 0.5, "queue": 1.25, "prefill": 7.0, "decode": 30.0, "other": 1.25, "total": 40.0
     }
     assert USAGE.log_fields()["completion_tokens"] == 10 and USAGE.log_fields()["finish_reason"] == "stop"
     with pytest.raises(ValueError):
