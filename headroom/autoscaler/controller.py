@@ -21,10 +21,9 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from headroom.autoscaler.actuator import Actuator, ColdStartTiming
 from headroom.autoscaler.policy import AutoscalerConfig, AutoscalerState, MetricsSample, decide
 from headroom.core.clock import Clock
-from headroom.router.proxy import Router
-from headroom.router.replicas import Actuator, ColdStartTiming
 
 log = logging.getLogger("headroom.autoscaler")
 
@@ -62,24 +61,6 @@ class AutoscalerMetrics:
         self.cold_start.labels("spawn").observe(cs.spawn_s)
         self.cold_start.labels("listening").observe(cs.listening_s)
         self.cold_start.labels("ready").observe(cs.ready_s)
-
-
-def router_sampler(router: Router) -> Callable[[float], MetricsSample]:
-    """Build samples from a router: utilisation = in-flight / capacity of ready replicas; request rate."""
-    last = {"requests": float(router.counters["requests"]), "time_s": math.nan}
-
-    def sample(now_s: float) -> MetricsSample:
-        snaps = [s for s in router.snapshots() if s.ready and not s.ejected(now_s)]
-        capacity = sum(s.capacity for s in snaps)
-        load = sum(s.load() for s in snaps)
-        requests = float(router.counters["requests"])
-        dt = now_s - last["time_s"]
-        rate = (requests - last["requests"]) / dt if dt > 0 else 0.0
-        last["requests"], last["time_s"] = requests, now_s
-        return MetricsSample(now_s, len(snaps), utilisation=min(1.0, load / capacity) if capacity else 0.0,
-                             requests_per_s=rate, queue_depth=load)
-
-    return sample
 
 
 class AutoscalerController:

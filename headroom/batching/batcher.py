@@ -31,8 +31,8 @@ from typing import Protocol
 
 import numpy as np
 
-from headroom.batching.admission import Backlog, admit, refusal_message
-from headroom.batching.estimator import ArrivalRateEstimator, ServiceTimeEstimator
+from headroom.batching.admission import admit, refusal_message
+from headroom.batching.estimator import LoadEstimates
 from headroom.batching.policy import BatchPolicyConfig, QueuedItem, QueueSnapshot, decide
 from headroom.batching.queue import BatchResult, Entry
 from headroom.core.clock import Clock
@@ -98,10 +98,9 @@ class Batcher:
         self._on_fatal = on_fatal  # told once if the loop dies
         self._died: BaseException | None = None  # why the loop died
         self._batch_tasks: set[asyncio.Task[None]] = set()
-        self._arrivals = ArrivalRateEstimator()
-        self._service = ServiceTimeEstimator()
+        self._load = LoadEstimates()  # arrival rate and service time: the same code as the simulator's
         for items, seconds in config.warmup_batches:  # the estimate is not 0 before the first request
-            self._service.observe(seconds, items)
+            self._load.service.observe(seconds, items)
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -154,7 +153,7 @@ class Batcher:
     @property
     def service_time_s(self) -> float:
         """The current per-batch service-time estimate."""
-        return self._service.mean_s
+        return self._load.service.mean_s
 
     def check_admission(self, budget_s: float | None) -> None:
         """Raise Overloaded (503 + Retry-After) if the queue is full or, with a latency budget, if the
@@ -166,10 +165,8 @@ class Batcher:
             )
         if budget_s is None:
             return
-        fixed_s, per_item_s = self._service.fit()
-        backlog = Backlog(requests_ahead=self._admitted, fixed_s=fixed_s, per_item_s=per_item_s,
-                          max_batch_size=self._cfg.policy.max_batch_size if self._cfg.batching else 1,
-                          instances=self._cfg.instances)
+        backlog = self._load.backlog(self._admitted, self._cfg.policy.max_batch_size if self._cfg.batching else 1,
+                                     self._cfg.instances)
         decision = admit(backlog, budget_s)
         if not decision.admitted:
             raise Overloaded(refusal_message(self._name, backlog, decision, budget_s),
@@ -193,7 +190,7 @@ class Batcher:
     async def _admit(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object],
                      deadline_s: float, priority: int, group: str, stream: str) -> BatchResult:
         admitted_s = self._clock.now_s()
-        self._arrivals.observe(admitted_s)
+        self._load.arrivals.observe(admitted_s)
         loop = asyncio.get_running_loop()
         if self._inline_preprocess:  # cheaper than the thread hop it would otherwise take
             model_inputs = self._model.preprocess(inputs, parameters)
@@ -266,8 +263,7 @@ class Batcher:
         return wake_at_s
 
     def _snapshot(self, now_s: float) -> QueueSnapshot:
-        return QueueSnapshot(items=tuple(e.item for e in self._queue),
-                             arrival_rate_per_s=self._arrivals.rate_per_s(now_s), service_time_s=self._service.mean_s)
+        return self._load.snapshot([e.item for e in self._queue], now_s)
 
     def _next_deadline(self) -> float | None:
         return min((e.item.deadline_s for e in self._queue), default=None)
@@ -290,7 +286,7 @@ class Batcher:
                 loop = asyncio.get_running_loop()
                 results = await loop.run_in_executor(self._executor, self._run_batch, live, start_s, missing)
                 # collate + predict + split + postprocess, for the batch's items
-                self._service.observe(self._clock.now_s() - start_s, sum(e.item.size for e in live))
+                self._load.service.observe(self._clock.now_s() - start_s, sum(e.item.size for e in live))
                 compute_s = results[0].compute_s
                 for entry, result in zip(live, results, strict=True):
                     if not entry.future.done():
@@ -328,7 +324,9 @@ class Batcher:
             post = model.postprocess(piece, entry.parameters)
             results.append(BatchResult(outputs=post, queue_s=max(0.0, start_s - entry.item.enqueued_s),
                                        compute_s=compute_s, postprocess_s=self._clock.now_s() - p0,
-                                       batch_size=batch_size, missing_streams=missing))
+                                       batch_size=batch_size, missing_streams=missing,
+                                       preprocess_s=entry.preprocess_s,
+                                       batch_wait_s=max(0.0, p0 - start_s - compute_s)))
         return results
 
 

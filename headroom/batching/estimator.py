@@ -8,11 +8,19 @@ them on a fake clock and the simulator can drive them with its own event times.
   as at least the current gap, so after a burst and 5 s of quiet the rate reads <= 0.2/s.
 * Service time: measured batch service times (collate + predict + split + postprocess) fitted as
   `fixed + per_item x items`, warm-started with warmup's batches so it is not 0 before the first request.
+
+`LoadEstimates` is one queue's pair of them and what the policies read from it: the snapshot handed to
+`policy.decide` and the backlog handed to `admission.admit`. The server's batcher and the simulator each keep
+one per queue and call the same methods, so both see the same windows for the same trace.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from headroom.batching.admission import Backlog
+from headroom.batching.policy import QueuedItem, QueueSnapshot
 
 DEFAULT_ALPHA = 0.2
 
@@ -93,3 +101,22 @@ class ServiceTimeEstimator:
             if per_item_s >= 0.0 and fixed_s >= 0.0:
                 return fixed_s, per_item_s
         return 0.0, self._t / self._n
+
+
+@dataclass(slots=True)
+class LoadEstimates:
+    """The arrival-rate and service-time estimates of one queue, and the policies' views of them."""
+
+    arrivals: ArrivalRateEstimator = field(default_factory=ArrivalRateEstimator)
+    service: ServiceTimeEstimator = field(default_factory=ServiceTimeEstimator)
+
+    def snapshot(self, items: Sequence[QueuedItem], now_s: float) -> QueueSnapshot:
+        """What `policy.decide` sees of the queue at `now_s`."""
+        return QueueSnapshot(items=tuple(items), arrival_rate_per_s=self.arrivals.rate_per_s(now_s),
+                             service_time_s=self.service.mean_s)
+
+    def backlog(self, requests_ahead: int, max_batch_size: int, instances: int) -> Backlog:
+        """What `admission.admit` sees ahead of a new request."""
+        fixed_s, per_item_s = self.service.fit()
+        return Backlog(requests_ahead=requests_ahead, fixed_s=fixed_s, per_item_s=per_item_s,
+                       max_batch_size=max_batch_size, instances=instances)

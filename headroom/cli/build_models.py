@@ -48,7 +48,7 @@ def build_models(
             force=force,
             on_epoch=lambda epoch, loss: progress.update(task, completed=epoch, loss=loss),
         )
-    from headroom.models.builtin.digits_drift import write_drift_reference
+    from headroom.lifecycle.digits_reference import write_drift_reference
 
     write_drift_reference(version_dir)  # the input-drift monitor's training reference (a few KB)
     state = "up to date, skipped" if report.skipped else f"trained in {report.duration_s:.1f}s"

@@ -90,14 +90,17 @@ class InferenceRequest:
 
 @dataclass(frozen=True, slots=True)
 class StageTimings:
-    """Where a request's time went, in milliseconds (also sent as `Server-Timing`)."""
+    """Where a request's time went, in milliseconds (also sent as `Server-Timing`). The stages are disjoint
+    and sum to `total_ms`: `other_ms` is what none of the named stages covers."""
 
-    queue_ms: float = 0.0  # waiting in the model's queue before a batch picked it up
-    batch_wait_ms: float = 0.0  # from admission until its batch started executing (includes queue_ms)
-    preprocess_ms: float = 0.0  # decode/tokenize/transform of this request's inputs
+    queue_ms: float = 0.0  # in the model's queue, from the end of its preprocessing until a batch took it
+    batch_wait_ms: float = 0.0  # in its batch but neither computing nor being postprocessed: the executor
+    #   hop, collate, split, and the postprocessing of the requests ahead of it in the batch
+    preprocess_ms: float = 0.0  # decode/tokenize/transform of this request's inputs (with its thread hop)
     compute_ms: float = 0.0  # the batched model call this request rode in
-    postprocess_ms: float = 0.0  # split, pool, softmax, top-k for this request
-    total_ms: float = 0.0  # admission to response ready
+    postprocess_ms: float = 0.0  # pool, softmax, top-k for this request
+    total_ms: float = 0.0  # the data plane's entry to response ready
+    other_ms: float = 0.0  # total minus the stages: validation, routing, handing results back to the loop
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -106,6 +109,7 @@ class StageTimings:
             "preprocess": self.preprocess_ms,
             "compute": self.compute_ms,
             "postprocess": self.postprocess_ms,
+            "other": self.other_ms,
             "total": self.total_ms,
         }
 

@@ -8,7 +8,8 @@
     POST /dashboard/api/simulate     {server, batching, replicas, autoscale, qps[, duration_s, seed]}
                                      -> metrics and a coloured histogram (the simulation runs in a thread)
 
-The server mounts these with its registry: ``dashboard_routes(registry=registry)``.
+The server mounts these with its registry: ``dashboard_routes(registry=registry)``. The playground (the
+simulator) is imported on its first use, not at server start (issue 16: cold start).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from starlette.routing import Route
 
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.dashboard.live import LiveSampler, point_json
-from headroom.dashboard.playground import BATCHING, PRESETS, SERVERS, PlaygroundRequest, run_playground
 
 
 class SimulateBody(BaseModel):
@@ -67,11 +67,15 @@ def dashboard_routes(prefix: str = "/dashboard", registry: CollectorRegistry | N
         return HTMLResponse(page)
 
     async def presets(request: Request) -> Response:
+        from headroom.dashboard.playground import BATCHING, PRESETS, SERVERS
+
         servers = {k: {"label": s.label, "blurb": s.blurb, "default_batching": s.default_batching}
                    for k, s in SERVERS.items()}
         return JSONResponse({"servers": servers, "batching": list(BATCHING), "presets": PRESETS})
 
     async def simulate(request: Request) -> Response:
+        from headroom.dashboard.playground import PlaygroundRequest, run_playground
+
         try:
             raw: Any = json.loads(await request.body() or b"{}")
             body = SimulateBody.model_validate(raw)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 import orjson
+from starlette.requests import Request
 
 from headroom.core.errors import InvalidRequest, PayloadTooLarge
 from headroom.gateway.errors import HeadersTooLarge
@@ -70,17 +71,45 @@ def check_headers(headers: Iterable[tuple[bytes, bytes]], limits: InputLimits) -
 
 def check_content_length(value: bytes | None, limits: InputLimits) -> int | None:
     """The declared body length (None if absent); 400 if malformed, 413 if above the limit."""
+    return check_declared_length(value, limits.max_body_bytes)
+
+
+# The one body-limit mechanism: the declared length is checked before anything is read, then every received
+# chunk is counted, so nothing over the limit is ever buffered. The gateway's ASGI reader, the server's
+# handlers and the router all use these two functions.
+def check_declared_length(value: bytes | str | None, max_body_bytes: int) -> int | None:
+    """The declared body length (None if absent); 400 if malformed, 413 if above `max_body_bytes` (0: none)."""
     if value is None:
         return None
-    if not value.isdigit():
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    if not text.isdigit():
         raise InvalidRequest("Content-Length must be a non-negative integer")
-    declared = int(value)
-    if limits.max_body_bytes and declared > limits.max_body_bytes:
+    declared = int(text)
+    if max_body_bytes and declared > max_body_bytes:
         raise PayloadTooLarge(
-            f"request body of {declared} bytes exceeds the limit of {limits.max_body_bytes} "
+            f"request body of {declared} bytes exceeds the limit of {max_body_bytes} "
             "bytes; send less, or raise the server's body limit"
         )
     return declared
+
+
+def count_body_chunk(received_bytes: int, chunk: bytes, max_body_bytes: int) -> int:
+    """Bytes received after `chunk`; 413 as soon as they pass `max_body_bytes` (0: no limit)."""
+    received_bytes += len(chunk)
+    if max_body_bytes and received_bytes > max_body_bytes:
+        raise PayloadTooLarge(f"request body exceeds the limit of {max_body_bytes} bytes")
+    return received_bytes
+
+
+async def read_body(request: Request, max_body_bytes: int) -> bytes:
+    """A Starlette request's body under the limit (`check_declared_length`, then `count_body_chunk`)."""
+    check_declared_length(request.headers.get("content-length"), max_body_bytes)
+    chunks: list[bytes] = []
+    received = 0
+    async for chunk in request.stream():
+        received = count_body_chunk(received, chunk, max_body_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 _ESCAPE = re.compile(rb"\\.", re.DOTALL)

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import Cancelled, HeadroomError, InvalidRequest, PayloadTooLarge, RateLimited
+from headroom.core.server_timing import parse_server_timing
 from headroom.gateway.asgi import (
     ASGIApp,
     Message,
@@ -60,6 +61,7 @@ from headroom.gateway.limits import (
     check_headers,
     check_json_shape,
     check_model_path,
+    count_body_chunk,
     estimate_openai_body,
     is_llm_path,
 )
@@ -72,7 +74,6 @@ from headroom.gateway.tracing import (
     span_plan_from_server_timing,
 )
 from headroom.gateway.usage import LLMUsage, reported_usage, unused_tokens
-from headroom.server.timing import parse_server_timing
 
 access_log = logging.getLogger("headroom.gateway.access")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -285,9 +286,7 @@ class GatewayMiddleware:
             if message["type"] == "http.disconnect":
                 raise _ClientGone
             chunk: bytes = message.get("body", b"")
-            total += len(chunk)
-            if limits.max_body_bytes and total > limits.max_body_bytes:
-                raise PayloadTooLarge(f"request body exceeds the limit of {limits.max_body_bytes} bytes")
+            total = count_body_chunk(total, chunk, limits.max_body_bytes)
             if chunk:
                 chunks.append(chunk)
             if not message.get("more_body", False):

@@ -59,11 +59,11 @@ def format_traceparent(trace_id: int, span_id: int, sampled: bool) -> str:
 
 
 def stage_durations(timings: StageTimings) -> list[tuple[str, float]]:
-    """(span name, milliseconds) of a tensor request's stages, in order; `batch` is batch_wait minus queue."""
+    """(span name, milliseconds) of a tensor request's stages, in order."""
     return [
         ("preprocess", timings.preprocess_ms),
         ("queue", timings.queue_ms),
-        ("batch", max(0.0, timings.batch_wait_ms - timings.queue_ms)),
+        ("batch", timings.batch_wait_ms),
         ("compute", timings.compute_ms),
         ("postprocess", timings.postprocess_ms),
     ]
@@ -226,4 +226,5 @@ def timings_from_server_timing(values: Mapping[str, float]) -> StageTimings | No
         compute_ms=values.get("compute", 0.0),
         postprocess_ms=values.get("postprocess", 0.0),
         total_ms=values["total"],
+        other_ms=values.get("other", 0.0),
     )

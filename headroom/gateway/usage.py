@@ -38,12 +38,15 @@ class LLMUsage:
             raise ValueError("token counts must be >= 0")
 
     def server_timing(self) -> str:
-        """The `Server-Timing` header value: preprocess, queue, prefill, decode and total, in ms."""
+        """The `Server-Timing` value: preprocess, queue, prefill, decode, other (the rest of total: the route's
+        work after the last token) and total, in ms; the stages are disjoint and sum to total."""
+        stages_ms = self.preprocess_ms + self.queue_ms + self.prefill_ms + self.decode_ms
         parts = (
             ("preprocess", self.preprocess_ms),
             ("queue", self.queue_ms),
             ("prefill", self.prefill_ms),
             ("decode", self.decode_ms),
+            ("other", max(0.0, self.total_ms - stages_ms)),
             ("total", self.total_ms),
         )
         return ", ".join(f"{name};dur={value:.3f}" for name, value in parts)
@@ -58,6 +61,7 @@ class LLMUsage:
             "prefill_ms": round(self.prefill_ms, 3),
             "decode_ms": round(self.decode_ms, 3),
             "finish_reason": self.finish_reason,
+            "server_timing": self.server_timing(),
         }
 
 

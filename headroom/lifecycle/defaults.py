@@ -97,8 +97,8 @@ def build_default(name: str, version_dir: Path) -> str:
     if name == "noop":
         return "nothing to build: its class ships with headroom (headroom.models.builtin.noop)"
     if name == "digits":
+        from headroom.lifecycle.digits_reference import write_drift_reference
         from headroom.models.builtin.digits_build import build_digits
-        from headroom.models.builtin.digits_drift import write_drift_reference
 
         report = build_digits(version_dir)
         write_drift_reference(version_dir)

@@ -63,10 +63,14 @@ def result_message(body: Mapping[str, Any] | None) -> str:
 
 async def generate_events(model: str, chunks: AsyncIterator[str]) -> AsyncGenerator[dict[str, Any], None]:
     """Completion SSE chunks -> Triton generate events (`{"model_name", "model_version", "text_output"[,
-    "finish_reason"]}` or `{"error": message}`). Closing this generator closes the completion stream (which
+    "finish_reason"]}`, `{"error": message}`, or `{"sse_comment": text}`: the stream's Server-Timing comment).
+    Closing this generator closes the completion stream (which
     aborts the request in the engine). Shared by `generate_stream` and gRPC `ModelStreamInfer`."""
     try:
         async for chunk in chunks:
+            if chunk.startswith(":"):  # an SSE comment (the stream's Server-Timing), for transports that keep it
+                yield {"sse_comment": chunk}
+                continue
             data = chunk.removeprefix("data: ").strip()
             if not data or data == "[DONE]":
                 continue
@@ -90,7 +94,8 @@ async def _events(model: str, chunks: AsyncIterator[str]) -> AsyncIterator[str]:
     events = generate_events(model, chunks)
     try:
         async for event in events:
-            yield f"data: {json.dumps(event)}\n\n"
+            comment = event.get("sse_comment")
+            yield comment if isinstance(comment, str) else f"data: {json.dumps(event)}\n\n"
     finally:
         await events.aclose()
 

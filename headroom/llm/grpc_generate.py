@@ -206,6 +206,8 @@ class GrpcGenerate:
         final_sent = False
         try:
             async for event in events:
+                if "sse_comment" in event:  # the stream's Server-Timing: HTTP only
+                    continue
                 if "error" in event:
                     raise HeadroomError(str(event["error"]))
                 finish: Any = event.get("finish_reason")

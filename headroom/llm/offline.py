@@ -16,7 +16,6 @@ from headroom.llm.engine import EngineObserver, LLMEngine
 from headroom.llm.model import build_model
 from headroom.llm.native_runner import NativeRunner
 from headroom.llm.native_weights import load_native, weight_format
-from headroom.llm.quality import gate_status
 from headroom.llm.request import SamplingParams, SequenceOutput
 from headroom.llm.runner import Runner, TorchRunner, prepare_model, resolve_device
 from headroom.llm.spec_decode import DraftProposer
@@ -84,6 +83,8 @@ def load_engine(
     quality = ""
     if mode == "native":
         native = load_native(model, cache_root)
+        from headroom.llm.quality import gate_status  # its measuring code is not needed to read a verdict
+
         quality = gate_status(native.cache_dir, native.weight_format, model)  # raises for a failed format
         decoder, tokenizer_files, stages = native.config, native.tokenizer, dict(native.stages_s)
         start = time.monotonic()

@@ -348,7 +348,9 @@ class OpenAIServing:
             failed = True
             yield sse(from_exception(exc).body or {})
         finally:  # also when the client left (the response closes this generator) or the task was cancelled
-            tally.report(failed)
+            report = tally.report(failed)
+        # the stream's Server-Timing, as an SSE comment (ignored by SSE clients, the OpenAI SDK included)
+        yield f": server-timing {report.server_timing()}\n\n"
         yield "data: [DONE]\n\n"
 
 

@@ -32,7 +32,9 @@ from starlette.responses import Response
 
 from headroom.core.deadline import client_timeout_ms, shorter
 from headroom.core.errors import DeadlineExceeded, HeadroomError, ModelNotFound, NotReady, Overloaded
+from headroom.core.server_timing import server_timing_header
 from headroom.core.types import InferenceRequest
+from headroom.gateway.limits import read_body
 from headroom.models.config import ModelConfig
 from headroom.models.repository import ModelRepository
 from headroom.protocol.http_request import parse_header_length
@@ -40,9 +42,7 @@ from headroom.protocol.v2_http import decode_infer_request, encode_infer_respons
 from headroom.ray_serve.replica import ReplicaAnswer
 from headroom.ray_serve.spec import ServeAppSpec
 from headroom.router.request_keys import request_key
-from headroom.server.http_app import read_body
 from headroom.server.http_errors import error_response
-from headroom.server.timing import server_timing_header
 
 log = logging.getLogger("headroom.ray_serve")
 

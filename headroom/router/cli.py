@@ -28,7 +28,8 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from starlette.types import ASGIApp
 
-from headroom.autoscaler.controller import AutoscalerController, router_sampler
+from headroom.autoscaler.actuator import ColdStartTiming
+from headroom.autoscaler.controller import AutoscalerController
 from headroom.autoscaler.policy import AutoscalerConfig
 from headroom.core.clock import MonotonicClock
 from headroom.core.strict_mapping import ConfigError
@@ -47,12 +48,12 @@ from headroom.router.fleet_config import (
 )
 from headroom.router.grpc_proxy import GrpcProxy
 from headroom.router.k8s_discovery import DiscoveryConfig, K8sEndpointsFleet
+from headroom.router.load_sample import router_sampler
 from headroom.router.policies import POLICIES
 from headroom.router.proxy import ProxyConfig, Router
 from headroom.router.ray_cluster import RayClusterConfig, connect_ray, ray_serve_command, shutdown_ray
 from headroom.router.ray_replicas import RayColdStart, RayReplicaConfig, RayReplicaManager
 from headroom.router.replicas import (
-    ColdStartTiming,
     CommandFactory,
     LocalReplicaManager,
     ReplicaFleet,

@@ -26,7 +26,7 @@ from urllib.parse import quote
 
 import httpx
 
-from headroom.router.replicas import ColdStartTiming
+from headroom.autoscaler.actuator import ColdStartTiming
 from headroom.router.upstream import Upstream
 
 log = logging.getLogger("headroom.router.k8s")

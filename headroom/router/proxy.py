@@ -25,7 +25,6 @@ import time
 from collections.abc import AsyncIterator, Collection, Sequence
 
 import httpx
-import orjson
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
@@ -36,6 +35,7 @@ from starlette.routing import Route
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import Cancelled, DeadlineExceeded, HeadroomError, Overloaded
 from headroom.gateway.forwarded_tenant import forwarded_headers
+from headroom.gateway.limits import read_body
 from headroom.router import degrade, tail
 from headroom.router import health as hp
 from headroom.router.attempts import attempts_or_fallback
@@ -44,6 +44,7 @@ from headroom.router.config import ProxyConfig
 from headroom.router.metrics import RouterMetrics, admin_routes, router_view
 from headroom.router.policies import choose
 from headroom.router.prefix_index import PrefixIndex
+from headroom.router.probes import probe_ready, record_probes
 from headroom.router.prompt_hasher import PromptHasher
 from headroom.router.request_keys import PrefixKey, RouteKey, request_key
 from headroom.router.snapshot import ReplicaSnapshot, RouterState, routable
@@ -140,24 +141,11 @@ class Router:
         if client is None:
             return
         runtimes = list(self.replicas.values())
-
-        async def probe(rt: ReplicaRuntime) -> bool:
-            try:
-                r = await client.get(rt.upstream.base_url + "/v2/health/ready", timeout=self.config.check_timeout_s)
-                return r.status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        results = await asyncio.gather(*(probe(rt) for rt in runtimes))
+        ready = await probe_ready(client, runtimes, self.config.check_timeout_s)
         if self.prefix is not None:  # cache_aware: the KV blocks each replica holds
             await self.prefix.poll(client, [rt.upstream for rt in runtimes], self.config.check_timeout_s)
-        now = self.clock.now_s()
-        for rt, ok in zip(runtimes, results, strict=True):
-            if rt.upstream.replica_id not in self.replicas:
-                continue  # removed while probing
-            event, self.health = hp.record_check(self.health, rt.upstream.replica_id, ok, now, self.config.health)
-            if event is not None:
-                log.info("event=%s replica=%s", event.kind, event.replica_id)
+        self.health = record_probes(self.health, runtimes, ready, self.replicas, self.clock.now_s(),
+                                    self.config.health)
 
     async def _check_loop(self) -> None:
         while True:
@@ -295,10 +283,7 @@ class Router:
 
     async def _proxy(self, request: Request, traceparent: str | None = None) -> Response:
         c = self.config
-        body = await request.body()
-        if len(body) > c.max_body_bytes:
-            return Response(orjson.dumps({"error": f"body of {len(body)} bytes exceeds {c.max_body_bytes}",
-                                          "reason": "payload_too_large"}), 413, media_type="application/json")
+        body = await read_body(request, c.max_body_bytes)  # 413 before an oversized body is buffered
         now = self.clock.now_s()
         self.counters["requests"] += 1
         snaps = self.snapshots()

@@ -23,6 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import httpx
 
+from headroom.autoscaler.actuator import Actuator, ColdStartTiming
 from headroom.router.upstream import Upstream
 
 log = logging.getLogger("headroom.replicas")
@@ -31,36 +32,12 @@ log = logging.getLogger("headroom.replicas")
 CommandFactory = Callable[[int, int], Sequence[str]]
 
 
-class Actuator(Protocol):
-    """What the autoscaler controller drives."""
-
-    async def scale_to(self, replicas: int, warm_pool: int) -> None:
-        """Serve with `replicas` replicas and keep `warm_pool` more started but idle."""
-        ...
+class ReplicaFleet(Actuator, Protocol):
+    """A replica manager behind `headroom route` (local processes or Ray actors)."""
 
     def serving(self) -> tuple[Upstream, ...]:
         """The replicas currently receiving traffic."""
         ...
-
-
-class ColdStartTiming(Protocol):
-    """What the autoscaler exports of one replica start (`ColdStart`, `RayColdStart`)."""
-
-    @property
-    def replica_id(self) -> str: ...  # which replica
-
-    @property
-    def spawn_s(self) -> float: ...  # until the process existed
-
-    @property
-    def listening_s(self) -> float: ...  # until /v2/health/live answered
-
-    @property
-    def ready_s(self) -> float: ...  # until /v2/health/ready answered 200
-
-
-class ReplicaFleet(Actuator, Protocol):
-    """A replica manager behind `headroom route` (local processes or Ray actors)."""
 
     @property
     def cold_starts(self) -> Sequence[ColdStartTiming]:

@@ -27,9 +27,10 @@ from typing import Any
 
 import yaml
 
+from headroom.autoscaler.actuator import ColdStartTiming
 from headroom.router.canary import CanaryTracker
 from headroom.router.proxy import Router
-from headroom.router.replicas import ColdStartTiming, ReplicaFleet
+from headroom.router.replicas import ReplicaFleet
 from headroom.router.rollout import CanaryConfig
 from headroom.router.upstream import Upstream
 

@@ -38,7 +38,6 @@ from headroom.gateway.app import GatewaySetup, wrap_app
 from headroom.gateway.grpc_auth import GatewayInterceptor
 from headroom.gateway.ratelimit import RateLimiter
 from headroom.gateway.slow_headers import header_deadline_protocol
-from headroom.gateway.span_export import file_tracer_provider
 from headroom.gateway.tls import TlsConfig, grpc_server_credentials, uvicorn_ssl_kwargs
 from headroom.lifecycle.cascade_metrics import CascadeCollector
 from headroom.lifecycle.drift_feed import DriftFeed, DriftFeedConfig
@@ -190,7 +189,11 @@ class Server:
                       TritonSettings(self.config.trace_spans_file))
         gw = self.config.gateway
         self.limiter = RateLimiter(gw.config.rate_limits, gw.config.tenant_rate_limits)
-        provider = file_tracer_provider(self.config.trace_spans_file) if self.config.trace_spans_file else None
+        provider = None
+        if self.config.trace_spans_file:  # opentelemetry's SDK only when spans are exported (cold start)
+            from headroom.gateway.span_export import file_tracer_provider
+
+            provider = file_tracer_provider(self.config.trace_spans_file)
         dashboard = dashboard_routes(registry=self.registry, clock=self.clock)
         app = wrap_app(build_http_app(api, [*llm_routes, *dashboard]), gw, self.clock, provider,
                        self.registry, self.limiter)

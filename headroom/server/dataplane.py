@@ -18,6 +18,7 @@ import numpy as np
 
 from headroom import __version__
 from headroom.batching.batcher import Batcher, BatcherConfig
+from headroom.batching.model_config import latency_budget_ms, policy_config
 from headroom.batching.queue import BatchResult
 from headroom.core.clock import Clock
 from headroom.core.dataplane import DisconnectWatcher, ModelMetadata, ServerMetadata, TensorMetadata
@@ -33,7 +34,7 @@ from headroom.protocol.validation import validate_against
 from headroom.server.disconnect import race_disconnect
 from headroom.server.generative import GenerativeModels
 from headroom.server.metrics import ModelObserver, ServerMetrics
-from headroom.server.served import ServedVersion, latency_budget_ms, policy_config
+from headroom.server.served import ServedVersion
 
 log = logging.getLogger("headroom.access")  # one line per request, refusals before the body included
 
@@ -347,16 +348,7 @@ class DataPlane:
                 raise InvalidRequest(f"model '{cfg.name}' has no output '{out_name}'")
             arr = np.asarray(result.outputs[out_name])
             outputs.append(Tensor(name=out_name, datatype=v2_datatype(arr), shape=tuple(arr.shape), data=arr))
-        total_ms = (self._clock.now_s() - start_s) * 1e3
-        pre_ms = total_ms - (result.queue_s + result.compute_s + result.postprocess_s) * 1e3
-        timings = StageTimings(
-            queue_ms=result.queue_s * 1e3,
-            batch_wait_ms=max(0.0, pre_ms) + result.queue_s * 1e3,
-            preprocess_ms=max(0.0, pre_ms),
-            compute_ms=result.compute_s * 1e3,
-            postprocess_ms=result.postprocess_s * 1e3,
-            total_ms=total_ms,
-        )
+        timings = result.timings((self._clock.now_s() - start_s) * 1e3)
         params: dict[str, object] = {}
         if result.missing_streams:
             params["missing_streams"] = list(result.missing_streams)

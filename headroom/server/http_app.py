@@ -25,16 +25,23 @@ from starlette.types import Receive, Scope, Send
 
 from headroom.core.dataplane import ModelMetadata
 from headroom.core.deadline import client_timeout_ms, shorter
-from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound, PayloadTooLarge
+from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound
+from headroom.core.server_timing import server_timing_header
 from headroom.core.types import InferenceRequest, Tensor
+from headroom.gateway.limits import read_body
 from headroom.protocol.openai_errors import FieldError, exception_body
 from headroom.protocol.v2_http import decode_infer_request, encode_infer_response
 from headroom.server import embeddings
 from headroom.server.dataplane import DataPlane
-from headroom.server.http_errors import error_response, headroom_error_handler, http_exception_handler
+from headroom.server.http_errors import (
+    START_KEY,
+    error_response,
+    error_timing,
+    headroom_error_handler,
+    http_exception_handler,
+)
 from headroom.server.model_manager import ModelManager
 from headroom.server.openapi import openapi_document
-from headroom.server.timing import server_timing_header
 from headroom.server.triton_routes import TritonApi
 from headroom.server.triton_settings import TritonSettings
 
@@ -51,24 +58,6 @@ class HttpLimits:
 def _json(payload: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
                     media_type="application/json", headers=headers)
-
-
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """Read the body, refusing (413) anything over `max_bytes` before buffering it all."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise InvalidRequest("Content-Length must be a non-negative integer")
-        if int(declared) > max_bytes:
-            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {max_bytes} bytes")
-    chunks: list[bytes] = []
-    total = 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > max_bytes:
-            raise PayloadTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def received_s(request: Request) -> float | None:
@@ -189,7 +178,10 @@ class HttpApi:
         try:
             return await self._embeddings(request)
         except HeadroomError as exc:
-            headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s else None
+            headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s else {}
+            timing = error_timing(request.scope)
+            if timing is not None:
+                headers["Server-Timing"] = timing
             return _json(exception_body(exc), exc.http_status, headers)
 
     async def _embeddings(self, request: Request) -> Response:
@@ -281,6 +273,7 @@ class HotRoutes:
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[START_KEY] = time.monotonic()  # error responses' Server-Timing counts from here
         hot = self._match(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
         if hot is None or scope.get("root_path"):
             await self.app(scope, receive, send)
@@ -292,7 +285,7 @@ class HotRoutes:
         try:
             response = await handler(request)
         except HeadroomError as exc:
-            response = error_response(exc)
+            response = error_response(exc, scope)
         except Exception:
             await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
             raise

@@ -1,8 +1,13 @@
-"""One place that turns errors into HTTP responses: `{"error": message, "reason": ...}` + the right status."""
+"""One place that turns errors into HTTP responses: `{"error": message, "reason": ...}` + the right status,
+with a `Server-Timing` of the time the server spent on the request (`other` + `total`: an error's time is not
+attributed to stages), measured from the HTTP app's entry (`START_KEY` in the ASGI scope)."""
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Mapping
+from typing import Any
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -11,9 +16,23 @@ from starlette.responses import Response
 
 from headroom.core.errors import DRAINING_HEADER, Draining, HeadroomError
 
+START_KEY = "headroom.start_s"  # the ASGI scope key holding time.monotonic() at the HTTP app's entry
 
-def error_response(exc: HeadroomError) -> Response:
+
+def error_timing(scope: Mapping[str, Any]) -> str | None:
+    """`Server-Timing` for an error response: the time since the request entered the HTTP app."""
+    start_s = scope.get(START_KEY)
+    if not isinstance(start_s, float):
+        return None
+    ms = (time.monotonic() - start_s) * 1e3
+    return f"other;dur={ms:.3f}, total;dur={ms:.3f}"
+
+
+def error_response(exc: HeadroomError, scope: Mapping[str, Any] | None = None) -> Response:
     headers = {}
+    timing = error_timing(scope) if scope is not None else None
+    if timing is not None:
+        headers["Server-Timing"] = timing
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
     if isinstance(exc, Draining):
@@ -25,7 +44,7 @@ def error_response(exc: HeadroomError) -> Response:
 async def headroom_error_handler(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, HeadroomError):
         raise exc
-    return error_response(exc)
+    return error_response(exc, request.scope)
 
 
 async def http_exception_handler(request: Request, exc: Exception) -> Response:

@@ -15,7 +15,7 @@ seconds as Prometheus recommends:
     headroom_queue_depth{model}                        gauge: admitted, unfinished requests
     headroom_inflight_requests                         gauge: requests inside the server (all models)
     headroom_busy_seconds_total{model}                 counter: executor busy time
-    headroom_duty_cycle{model}                         gauge: busy time / (wall time × instances)
+    headroom_duty_cycle{model}                         gauge: busy share of the last 60 s (read at scrape)
     headroom_batch_window_seconds{model}               gauge: window the last batch used (adaptive mode)
     headroom_cold_start_seconds{model,version,stage}   gauge: read_weights, build_session, warmup, ...
     headroom_precomputed_lookups_total{model,result}   counter: hit|miss against `serve --precomputed`
@@ -23,11 +23,11 @@ seconds as Prometheus recommends:
 
 from __future__ import annotations
 
-import time
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.types import StageTimings
+from headroom.server.duty_cycle import DutyCycleWindow
 from headroom.server.statistics import TritonStatistics
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
@@ -59,7 +59,8 @@ class ServerMetrics:
                                  registry=registry)
         self.inflight = Gauge("headroom_inflight_requests", "Requests inside the server.", registry=registry)
         self.busy = Counter("headroom_busy_seconds", "Executor busy time.", ["model"], registry=registry)
-        self.duty_cycle = Gauge("headroom_duty_cycle", "Busy time / (wall time x instances).", ["model"],
+        self.duty_cycle = Gauge("headroom_duty_cycle", "Busy share of executor instances over the last 60 s.",
+                                ["model"],
                                 registry=registry)
         self.window = Gauge("headroom_batch_window_seconds", "Batching window of the last batch.", ["model"],
                             registry=registry)
@@ -69,6 +70,15 @@ class ServerMetrics:
                                 ["model", "version", "stage"], registry=registry)
         self._counters: dict[tuple[str, str, str], Counter] = {}  # labelled `requests` children
         self._stages: dict[str, tuple[Histogram, ...]] = {}  # per model: the six stage histograms' children
+        self._duty: dict[str, DutyCycleWindow] = {}  # per model (its versions share it)
+
+    def duty_window(self, model: str, instances: int, clock: Clock) -> DutyCycleWindow:
+        """The model's sliding-window duty cycle, bound to `headroom_duty_cycle{model}` (read at scrape)."""
+        window = self._duty.get(model)
+        if window is None:
+            window = self._duty[model] = DutyCycleWindow(max(1, instances))
+            self.duty_cycle.labels(model).set_function(lambda: window.duty_cycle(clock.now_s()))
+        return window
 
     def observe_request(self, model: str, version: str, outcome: str, timings: StageTimings | None) -> None:
         counter = self._counters.get((model, version, outcome))
@@ -94,12 +104,11 @@ class ModelObserver:
     """Adapts batcher events for one model version to ServerMetrics and to its Triton statistics
     (implements BatcherObserver)."""
 
-    def __init__(self, metrics: ServerMetrics, model: str, instances: int) -> None:
+    def __init__(self, metrics: ServerMetrics, model: str, instances: int, clock: Clock | None = None) -> None:
         self._m = metrics
         self._model = model
-        self._instances = max(1, instances)
-        self._started_s = time.monotonic()
-        self._busy_total_s = 0.0
+        self._clock: Clock = clock or MonotonicClock()
+        self._duty = metrics.duty_window(model, instances, self._clock)  # read at each scrape: decays when idle
         self.execution_count = 0  # batches executed
         self.inference_count = 0  # items executed (sum of batch sizes)
         self.compute_total_s = 0.0  # summed predict time
@@ -121,7 +130,5 @@ class ModelObserver:
         self._m.window.labels(self._model).set(window_s)
 
     def on_busy(self, busy_s: float) -> None:
-        self._busy_total_s += busy_s
+        self._duty.add_busy(self._clock.now_s(), busy_s)
         self._m.busy.labels(self._model).inc(busy_s)
-        wall_s = max(time.monotonic() - self._started_s, 1e-9)
-        self._m.duty_cycle.labels(self._model).set(min(1.0, self._busy_total_s / (wall_s * self._instances)))

@@ -1,17 +1,13 @@
-"""A served model version and what its config means for scheduling: the batch policy's knobs (seconds)
-and a request's latency budget (the admission rule in `headroom.batching.admission` compares against it)."""
+"""A served model version: what the composition root hands the data plane (what its config means for
+scheduling is `headroom.batching.model_config`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from headroom.batching.policy import BatchPolicyConfig
 from headroom.models.base import ColdStartStage, Model
 from headroom.models.config import ModelConfig
-
-#: The adaptive window's latency objective when the model's config sets no `slo_p99_ms`.
-ADAPTIVE_SLO_MS = 100.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,27 +21,3 @@ class ServedVersion:
     cold_start: tuple[ColdStartStage, ...] = ()  # timed load stages
     version_dir: Path | None = None  # where its files are (the drift monitor looks for its reference there)
     warmup_batches: tuple[tuple[int, float], ...] = ()  # (size, seconds) per warmup batch: the first estimate
-
-
-def policy_config(config: ModelConfig) -> BatchPolicyConfig:
-    """Translate a model's config (milliseconds, YAML names) into the pure policy's config (seconds)."""
-    b = config.batching
-    return BatchPolicyConfig(
-        mode=b.mode,
-        max_batch_size=max(1, config.max_batch_size),
-        max_queue_delay_s=b.max_queue_delay_ms / 1e3,
-        preferred_batch_sizes=b.preferred_batch_sizes,
-        static_timeout_s=b.static_timeout_ms / 1e3,
-        slo_s=(b.slo_p99_ms if b.slo_p99_ms is not None else ADAPTIVE_SLO_MS) / 1e3,
-        target_batch_size=max(1, config.max_batch_size // 2),
-        sync_deadline_s=b.sync_deadline_ms / 1e3,
-        expected_streams=b.expected_streams,
-    )
-
-
-def latency_budget_ms(cfg: ModelConfig, client_timeout_ms: float | None) -> float:
-    """A request's latency budget: the model's SLO (its default timeout when it sets none) or the client's
-    timeout, whichever is shorter."""
-    b = cfg.batching
-    model_ms = b.slo_p99_ms if b.slo_p99_ms is not None else b.default_timeout_ms
-    return model_ms if client_timeout_ms is None else min(model_ms, client_timeout_ms)

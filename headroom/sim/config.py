@@ -26,6 +26,8 @@ class SimConfig:
     router: str = "round_robin"  # round_robin | least_outstanding | random | power_of_two
     max_queue: int = 0  # admission control: reject arrivals when a queue holds this many (0 = unbounded)
     timeout_s: float = math.inf  # shedding: drop requests still queued this long after arrival (504)
+    latency_budget_s: float = math.inf  # the server's deadline-aware admission (batching.admission, the model's
+    #   SLO or default timeout): refuse (503) an arrival whose predicted delay overruns it; inf = off
     autoscale: AutoscalerConfig | None = None  # None: fixed replica count
     autoscale_interval_s: float = 5.0  # how often metrics are sampled and the autoscaler is asked
     cold_start_s: float = 30.0  # from "start a replica" to serving (image pull, load, warm-up)
@@ -51,6 +53,12 @@ class SimConfig:
             raise ValueError(f"max_queue must be >= 0 (0 = unbounded), got {self.max_queue}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if not self.latency_budget_s > 0:
+            raise ValueError(f"latency_budget_s must be > 0 (inf = no admission by predicted delay), "
+                             f"got {self.latency_budget_s}")
+        if self.latency_budget_s < math.inf and self.batching == "continuous":
+            raise ValueError("latency_budget_s models the tensor batcher's admission; continuous batching does not "
+                             "use it: leave it at inf")
         if not 0 <= self.host_cpu_per_request_s < math.inf:
             raise ValueError(f"host_cpu_per_request_s must be >= 0 and finite, got {self.host_cpu_per_request_s}")
         if not 0 <= self.host_cpu_per_batch_s < math.inf:
@@ -70,6 +78,18 @@ class SimConfig:
         if self.autoscale_interval_s <= 0 or self.cold_start_s < 0 or self.warmup_s < 0:
             raise ValueError("autoscale_interval_s must be > 0; cold_start_s and warmup_s >= 0")
 
+    def batch_policy(self) -> BatchPolicyConfig:
+        """The server's batching-policy knobs for this deployment's `batching` mode."""
+        p = self.policy
+        if self.batching == "none":
+            return BatchPolicyConfig(mode="dynamic", max_batch_size=1, max_queue_delay_s=0.0)
+        if self.batching == "continuous":
+            return p
+        return BatchPolicyConfig(mode=self.batching, max_batch_size=p.max_batch_size,
+                                 max_queue_delay_s=p.max_queue_delay_s, preferred_batch_sizes=p.preferred_batch_sizes,
+                                 static_timeout_s=p.static_timeout_s, slo_s=p.slo_s,
+                                 fixed_overhead_s=p.fixed_overhead_s, target_batch_size=p.target_batch_size)
+
 
 @dataclass(frozen=True, slots=True)
 class SimResult:
@@ -77,7 +97,7 @@ class SimResult:
 
     offered: int  # arrivals after warm-up
     completed: int  # served to the end (after warm-up)
-    rejected: int  # refused at admission (queue full)
+    rejected: int  # refused at admission (queue full, or predicted delay over latency_budget_s)
     expired: int  # shed after waiting longer than timeout_s
     duration_s: float  # first arrival to last completion
     throughput_per_s: float  # completed / duration (the measured QPS)

@@ -4,7 +4,11 @@ times from a profile, admission control, shedding and autoscaling with cold star
 Events live in a heapq ordered by (time, sequence); arrivals are merged in from the sorted schedule without
 entering the heap. Batching decisions call `headroom.batching.policy.decide` — the very function the
 server's batcher calls — with a snapshot of the queue's head (at most `max_batch_size` items are visible,
-which changes nothing: the policy never looks further than one full batch). Autoscaling calls
+which changes nothing: the policy never looks further than one full batch), built from the queue's
+`headroom.batching.estimator.LoadEstimates` — the batcher's own arrival-rate and service-time estimators,
+fed with arrivals and with each batch's service time at its end, as the server feeds them — and, with a
+finite `latency_budget_s`, arrivals are admitted by the batcher's `headroom.batching.admission.admit`
+(tests/batching/test_sim_parity.py drives both with one trace and gets the same batches). Autoscaling calls
 `headroom.autoscaler.policy.decide`. Continuous batching (LLM iterations) lives in `headroom.sim.continuous`.
 With `host_cpu_per_request_s > 0` each batch's time is stretched by the host work of the arrivals that come in
 while it runs (`headroom.sim.cpu_share`, called from one place: `_stretched`), and with
@@ -18,43 +22,28 @@ import heapq
 import math
 import random
 import time
-from itertools import islice
 from typing import cast
 
 import numpy as np
 import numpy.typing as npt
 
-from headroom.autoscaler.policy import MetricsSample
-from headroom.autoscaler.policy import decide as autoscale_decide
-from headroom.batching.policy import BatchPolicyConfig, QueuedItem, QueueSnapshot
+from headroom.batching.admission import admit
+from headroom.batching.policy import QueuedItem
 from headroom.batching.policy import decide as batch_decide
 from headroom.core.clock import FakeClock
-from headroom.router.snapshot import RouterState, peak_ewma_update
+from headroom.router.snapshot import peak_ewma_update
 from headroom.sim.config import SimConfig, SimResult
 from headroom.sim.continuous import ContinuousReplica
 from headroom.sim.cpu_share import HostBacklog, add_work, advance, batch_end_s
 from headroom.sim.profile import Jitter, ServiceProfile
-from headroom.sim.router import needs_loads, route
+from headroom.sim.result import Tally, autoscale_step, build_result
+from headroom.sim.router import ReplicaRouter
 from headroom.sim.state import ReplicaState as _Replica
 from headroom.sim.state import ScaleState as _ScaleState
 from headroom.sim.state import SimQueue as _Queue
 from headroom.sim.tokens import TokenStats
 
 _DONE, _WAKE, _TICK, _READY, _ITER = 0, 1, 2, 3, 4
-_EWMA = 0.05
-
-
-def _policy_for(cfg: SimConfig) -> BatchPolicyConfig:
-    if cfg.batching == "none":
-        return BatchPolicyConfig(mode="dynamic", max_batch_size=1, max_queue_delay_s=0.0)
-    if cfg.batching == "continuous":
-        return cfg.policy
-    mode = cfg.batching
-    p = cfg.policy
-    return BatchPolicyConfig(mode=mode, max_batch_size=p.max_batch_size, max_queue_delay_s=p.max_queue_delay_s,
-                             preferred_batch_sizes=p.preferred_batch_sizes, static_timeout_s=p.static_timeout_s,
-                             slo_s=p.slo_s, fixed_overhead_s=p.fixed_overhead_s,
-                             target_batch_size=p.target_batch_size)
 
 
 class Simulator:
@@ -65,7 +54,7 @@ class Simulator:
             raise ValueError("continuous batching needs an `llm:` section in the profile (docs/sim.md)")
         self.cfg = cfg
         self.profile = profile
-        self.policy = _policy_for(cfg)
+        self.policy = cfg.batch_policy()
         self.clock = FakeClock()
         # A child stream, so a schedule drawn from default_rng(seed) is never correlated with service times.
         np_rng = np.random.default_rng(np.random.SeedSequence(cfg.seed).spawn(1)[0])
@@ -79,7 +68,7 @@ class Simulator:
         self._seq = 0
         self.queues: list[_Queue] = []
         self.replicas: list[_Replica] = []
-        self._router_state = RouterState()
+        self._router = ReplicaRouter(cfg.router, self._rng)  # the server's router policies over the replicas
         self._track_ewma = cfg.router == "peak_ewma"
         self._timeline: list[tuple[float, int]] = []
         # metrics
@@ -98,7 +87,6 @@ class Simulator:
         self._depth = 0
         self._cut_s = cfg.warmup_s
         self._last_done_s = 0.0
-        self._routable: list[_Replica] | None = None  # ready, non-draining replicas (router targets)
         self._host_cost_s = cfg.host_cpu_per_request_s  # > 0: host work on the model's cores stretches batches
         self._host_batch_s = cfg.host_cpu_per_batch_s  # > 0: host work at each completion delays the next batch
         self._host = HostBacklog()
@@ -136,7 +124,7 @@ class Simulator:
         if r.retired or r.ready:
             return
         r.ready = True
-        self._routable = None
+        self._router.invalidate()
         self._account_ready(now, +1)
         r.queue.idle.append(r)
         self._dispatch(r.queue, now)
@@ -144,7 +132,7 @@ class Simulator:
     def _retire(self, r: _Replica, now: float) -> None:
         r.retired = True
         r.ready = False
-        self._routable = None
+        self._router.invalidate()
         self._account_ready(now, -1)
         if r in r.queue.idle:
             r.queue.idle.remove(r)
@@ -161,30 +149,21 @@ class Simulator:
             return
         policy = self.policy
         cap = policy.max_batch_size
-        items = q.items
-        while q.idle and items:
-            snap = QueueSnapshot(tuple(islice(items, 0, cap)), q.rate_est, q.svc_est)
+        while q.idle and q.items:
+            snap = q.snapshot(now, cap)
             d = batch_decide(snap, now, policy)
             if d.expire:
-                self._drop(q, d.expire, now)
+                self._drop(q, d.expire)
                 continue
             if not d.take:
                 if d.wake_at_s is not None:
                     q.wake_token += 1
                     self._push(d.wake_at_s, _WAKE, (q, q.wake_token))
                 return
-            take = d.take
-            k = len(take)
-            if k == 1 and take[0] == 0:
-                batch = [items.popleft().enqueued_s]
-            elif max(take) == k - 1:  # distinct indices below k: the head of the queue
-                batch = [items.popleft().enqueued_s for _ in take]
-            else:  # priorities reordered the head: remove the chosen indices
-                chosen = set(take)
-                head = [items.popleft() for _ in range(len(snap.items))]
-                batch = [head[i].enqueued_s for i in take]
-                items.extendleft(reversed([it for i, it in enumerate(head) if i not in chosen]))
+            batch = q.take(d.take, len(snap.items))
+            k = len(batch)
             self._depth -= k
+            q.running += k
             r = q.idle.pop()
             mean = self._mean_s[k] if k < len(self._mean_s) else self.profile.mean_service_s(k) * self._scale
             svc = mean * self._jitter.draw()
@@ -194,7 +173,6 @@ class Simulator:
             r.busy_since_s = now
             self._batches += 1
             self._batch_items += k
-            q.svc_est = mean if q.svc_est == 0 else q.svc_est + _EWMA * (mean - q.svc_est)
             cut = self._cut_s
             for e in batch:
                 if e >= cut:
@@ -202,18 +180,22 @@ class Simulator:
             self._seq += 1
             heapq.heappush(self._heap, (now + svc, self._seq, _DONE, r))
 
+    def _admitted(self, q: _Queue, budget_s: float) -> bool:
+        """The server batcher's admission by predicted delay, on this queue's estimates."""
+        ahead = len(q.items) + q.running
+        if ahead == 0:
+            return True
+        return admit(q.load.backlog(ahead, self.policy.max_batch_size, q.instances()), budget_s).admitted
+
     def _stretched(self, now: float, svc: float) -> float:
         """The batch's wall time when the arrivals' host work shares its core (headroom.sim.cpu_share)."""
         self._host = advance(self._host, self._arrivals, now, self._host_cost_s)
         return batch_end_s(now, svc, self._arrivals, self._host, self._host_cost_s) - now
 
-    def _drop(self, q: _Queue, expire: tuple[int, ...], now: float) -> None:
-        dead = set(expire)
-        head = [q.items.popleft() for _ in range(max(expire) + 1)]
-        keep = [it for i, it in enumerate(head) if i not in dead]
-        q.items.extendleft(reversed(keep))
-        self._depth -= len(dead)
-        self._expired += sum(1 for i in dead if head[i].enqueued_s >= self._cut_s)
+    def _drop(self, q: _Queue, expire: tuple[int, ...]) -> None:
+        dropped = q.drop(expire)
+        self._depth -= len(dropped)
+        self._expired += sum(1 for it in dropped if it.enqueued_s >= self._cut_s)
 
     def _on_done(self, r: _Replica, now: float) -> None:
         cut = self._cut_s
@@ -225,6 +207,9 @@ class Simulator:
             for e in r.batch:
                 r.ewma_s = peak_ewma_update(r.ewma_s, now - e, now - r.ewma_t)
                 r.ewma_t = now
+        # the batch's service time, measured as the server's batcher measures it, into the same estimator
+        r.queue.load.service.observe(now - r.busy_since_s, len(r.batch))
+        r.queue.running -= len(r.batch)
         self._busy_done_s += now - r.busy_since_s
         self._last_done_s = now
         if self._host_batch_s > 0:  # the front end's per-batch work, queued behind the host work already due
@@ -292,17 +277,8 @@ class Simulator:
         if cfg is None:
             return
         busy_now = self._busy_done_s + sum(now - r.busy_since_s for r in self.replicas if r.busy_since_s >= 0)
-        ready = self._ready_count
-        span = now - st.last_t
-        util = (busy_now - st.last_busy) / (max(1, ready) * span) if span > 0 else 0.0
-        rate = (st.arrivals - st.last_arrivals) / span if span > 0 else 0.0
-        st.window.append(MetricsSample(time_s=now, ready_replicas=ready, utilisation=min(1.0, util),
-                                       requests_per_s=rate, queue_depth=self._depth))
-        del st.window[: max(0, len(st.window) - 512)]
-        decision, st.scaler = autoscale_decide(st.window, st.scaler, now, cfg)
-        st.last_busy, st.last_t, st.last_arrivals = busy_now, now, st.arrivals
+        want = autoscale_step(st, cfg, now, busy_now, self._ready_count, self._depth)
         serving = self._serving()
-        want = decision.replicas
         if want > len(serving):
             for _ in range(want - len(serving)):
                 self._add_replica(now, now + self.cfg.cold_start_s)
@@ -310,7 +286,7 @@ class Simulator:
             victims = sorted(serving, key=lambda r: (r.ready, len(r.queue.items)))[: len(serving) - want]
             for r in victims:
                 r.draining = True
-                self._routable = None
+                self._router.invalidate()
                 if not r.ready and not r.queue.items:
                     r.retired = True
                 elif r.busy_since_s < 0 and (not r.queue.items or self.cfg.shared_queue):
@@ -336,10 +312,9 @@ class Simulator:
         queue_at_end = 0
         max_queue = cfg.max_queue
         timeout = cfg.timeout_s
+        budget_s = cfg.latency_budget_s
         shared = cfg.shared_queue
         continuous = cfg.batching == "continuous"
-        router = cfg.router
-        with_loads = needs_loads(router)
         inf = math.inf
         cut = self._cut_s
         while True:
@@ -370,36 +345,20 @@ class Simulator:
             self.clock.set(now)
             if now >= cut:
                 offered += 1
-            if shared:
-                q = self.queues[0]
-            else:
-                routable = self._routable
-                if routable is None:
-                    routable = [r for r in self.replicas if r.ready and not r.draining]
-                    if not routable:  # nothing ready yet: queue at a starting replica
-                        routable = [r for r in self.replicas if not r.retired and not r.draining] \
-                            or self.replicas
-                    self._routable = routable
-                if with_loads:
-                    loads: list[int] | None = [len(r.queue.items) + len(r.batch)
-                                               + (r.cont.running if r.cont else 0) for r in routable]
-                    ewmas: list[float] | None = [r.ewma_s for r in routable]
-                else:
-                    loads = ewmas = None
-                k, self._router_state = route(router, tuple(r.rid for r in routable), loads, ewmas,
-                                              self._router_state, now, self._rng)
-                q = routable[k].queue
+            q = self.queues[0] if shared else self._router.pick(self.replicas, now).queue
             if max_queue and len(q.items) >= max_queue:
                 if now >= cut:
                     self._rejected += 1
                 if i == n:
                     queue_at_end = self._depth
                 continue
-            if q.last_arrival_s > -inf:
-                gap = now - q.last_arrival_s
-                q.gap_est = gap if q.gap_est == 0 else q.gap_est + _EWMA * (gap - q.gap_est)
-                q.rate_est = 1.0 / q.gap_est if q.gap_est > 0 else 0.0
-            q.last_arrival_s = now
+            if budget_s < inf and not self._admitted(q, budget_s):
+                if now >= cut:
+                    self._rejected += 1
+                if i == n:
+                    queue_at_end = self._depth
+                continue
+            q.load.arrivals.observe(now)
             q.items.append(QueuedItem(now, now + timeout))
             self._depth += 1
             if self._depth > self._max_depth:
@@ -412,31 +371,12 @@ class Simulator:
                 self._nudge_continuous(q, now)
         end = max(self._last_done_s, last_arrival_s)
         self._account_ready(end, 0)
-        return self._result(offered, queue_at_end, end, arrivals, time.perf_counter() - wall0)
-
-    def _result(self, offered: int, queue_at_end: int, end: float, arrivals: list[float],
-                wall_s: float) -> SimResult:
-        lat = np.asarray(self._lat, dtype=np.float64)
-        first = next((a for a in arrivals if a >= self._cut_s), 0.0)
-        duration = max(end - first, 1e-12)
-        done = int(lat.size)
-        pct = np.percentile(lat, [50, 95, 99]) if done else np.array([math.nan] * 3)
-        tok = self._tokens.summary()
-        return SimResult(
-            offered=offered, completed=done, rejected=self._rejected, expired=self._expired, duration_s=duration,
-            throughput_per_s=done / duration, mean_latency_s=float(lat.mean()) if done else math.nan,
-            p50_latency_s=float(pct[0]), p95_latency_s=float(pct[1]), p99_latency_s=float(pct[2]),
-            max_latency_s=float(lat.max()) if done else math.nan,
-            mean_wait_s=self._wait_sum / done if done and not self._tokens.ttft_s else math.nan,
-            mean_ttft_s=tok["mean_ttft_s"], ttft_p50_s=tok["ttft_p50_s"], ttft_p90_s=tok["ttft_p90_s"],
-            ttft_p99_s=tok["ttft_p99_s"], mean_tpot_s=tok["mean_tpot_s"], tpot_p50_s=tok["tpot_p50_s"],
-            tpot_p90_s=tok["tpot_p90_s"], tpot_p99_s=tok["tpot_p99_s"], mean_itl_s=tok["mean_itl_s"],
-            itl_p50_s=tok["itl_p50_s"], itl_p90_s=tok["itl_p90_s"], itl_p99_s=tok["itl_p99_s"],
-            utilisation=self._busy_done_s / self._ready_s if self._ready_s > 0 else 0.0, busy_s=self._busy_done_s,
-            mean_batch_size=self._batch_items / self._batches if self._batches else 0.0,
-            max_queue_depth=self._max_depth, queue_at_end=queue_at_end,
-            replica_timeline=tuple(self._timeline), wall_s=wall_s, latencies_s=lat)
-
+        return build_result(Tally(offered=offered, completed_latencies_s=self._lat, rejected=self._rejected,
+                                  expired=self._expired, wait_sum_s=self._wait_sum, batches=self._batches,
+                                  batch_items=self._batch_items, busy_s=self._busy_done_s, ready_s=self._ready_s,
+                                  max_queue_depth=self._max_depth, queue_at_end=queue_at_end),
+                            self._tokens, first_s=next((a for a in arrivals if a >= self._cut_s), 0.0), end_s=end,
+                            timeline=tuple(self._timeline), wall_s=time.perf_counter() - wall0)
 
 def simulate(cfg: SimConfig, profile: ServiceProfile, arrivals_s: npt.NDArray[np.float64]) -> SimResult:
     """Convenience: ``Simulator(cfg, profile).run(arrivals_s)``."""

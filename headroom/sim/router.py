@@ -13,6 +13,7 @@ from functools import lru_cache
 
 from headroom.router.policies import choose
 from headroom.router.snapshot import ReplicaSnapshot, RouterState
+from headroom.sim.state import ReplicaState
 
 SERVER_POLICIES = ("round_robin", "least_outstanding", "p2c", "peak_ewma")
 ROUTERS = (*SERVER_POLICIES, "random")
@@ -54,3 +55,36 @@ def route(policy: str, ids: tuple[str, ...], outstanding: Sequence[int] | None,
     if decision.replica_id is None:
         raise ValueError("the router found no routable replica")
     return ids.index(decision.replica_id), state
+
+
+class ReplicaRouter:
+    """The simulator's router: which replica's queue gets the next arrival (ready, non-draining replicas;
+    while none is ready, one that is starting)."""
+
+    def __init__(self, policy: str, rng: random.Random) -> None:
+        self.policy = policy
+        self._rng = rng
+        self._state = RouterState()
+        self._with_loads = needs_loads(policy)
+        self._routable: list[ReplicaState] | None = None  # cached until a replica changes state
+
+    def invalidate(self) -> None:
+        """A replica became ready, started draining or retired."""
+        self._routable = None
+
+    def pick(self, replicas: Sequence[ReplicaState], now_s: float) -> ReplicaState:
+        routable = self._routable
+        if routable is None:
+            routable = [r for r in replicas if r.ready and not r.draining]
+            if not routable:  # nothing ready yet: queue at a starting replica
+                routable = [r for r in replicas if not r.retired and not r.draining] or list(replicas)
+            self._routable = routable
+        if self._with_loads:
+            loads: list[int] | None = [len(r.queue.items) + len(r.batch) + (r.cont.running if r.cont else 0)
+                                       for r in routable]
+            ewmas: list[float] | None = [r.ewma_s for r in routable]
+        else:
+            loads = ewmas = None
+        k, self._state = route(self.policy, tuple(r.rid for r in routable), loads, ewmas, self._state, now_s,
+                               self._rng)
+        return routable[k]

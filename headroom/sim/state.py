@@ -2,28 +2,55 @@
 
 from __future__ import annotations
 
-import math
 from collections import deque
+from itertools import islice
 
 from headroom.autoscaler.policy import AutoscalerState, MetricsSample
-from headroom.batching.policy import QueuedItem
+from headroom.batching.estimator import LoadEstimates
+from headroom.batching.policy import QueuedItem, QueueSnapshot
 from headroom.sim.continuous import ContinuousReplica
 
 
 class SimQueue:
-    """One FIFO and the replicas that pull from it."""
+    """One FIFO, the replicas that pull from it, and its load estimates (the server batcher's own code)."""
 
-    __slots__ = ("gap_est", "idle", "items", "last_arrival_s", "rate_est", "replicas", "svc_est", "wake_token")
+    __slots__ = ("idle", "items", "load", "replicas", "running", "wake_token")
 
     def __init__(self) -> None:
         self.items: deque[QueuedItem] = deque()
         self.idle: list[ReplicaState] = []  # ready replicas with nothing to run
         self.replicas: list[ReplicaState] = []  # every replica bound to this queue
         self.wake_token = 0  # invalidates stale wake-ups
-        self.last_arrival_s = -math.inf  # time of the previous arrival (for the gap EWMA)
-        self.gap_est = 0.0  # EWMA of inter-arrival gaps (adaptive batching's rate estimate)
-        self.rate_est = 0.0  # 1 / gap_est: the arrival-rate estimate in the policy's snapshot
-        self.svc_est = 0.0  # EWMA of batch service times
+        self.load = LoadEstimates()  # arrival rate and batch service time, as the server's batcher keeps them
+        self.running = 0  # requests in batches that are executing (admission counts them as ahead)
+
+    def snapshot(self, now_s: float, cap: int) -> QueueSnapshot:
+        """The policy's view of the queue's head (at most `cap` items: the policy never looks past a batch)."""
+        return self.load.snapshot(tuple(islice(self.items, 0, cap)), now_s)
+
+    def take(self, take: tuple[int, ...], visible: int) -> list[float]:
+        """Remove the items a decision took (indices into the first `visible`); their enqueue times."""
+        items = self.items
+        k = len(take)
+        if k == 1 and take[0] == 0:
+            return [items.popleft().enqueued_s]
+        if max(take) == k - 1:  # distinct indices below k: the head of the queue
+            return [items.popleft().enqueued_s for _ in take]
+        chosen = set(take)  # priorities reordered the head: remove the chosen indices
+        head = [items.popleft() for _ in range(visible)]
+        items.extendleft(reversed([it for i, it in enumerate(head) if i not in chosen]))
+        return [head[i].enqueued_s for i in take]
+
+    def drop(self, expire: tuple[int, ...]) -> list[QueuedItem]:
+        """Remove the items a decision expired; return them."""
+        dead = set(expire)
+        head = [self.items.popleft() for _ in range(max(expire) + 1)]
+        self.items.extendleft(reversed([it for i, it in enumerate(head) if i not in dead]))
+        return [head[i] for i in sorted(dead)]
+
+    def instances(self) -> int:
+        """Replicas that serve this queue now (admission's concurrent batches), at least 1."""
+        return max(1, sum(1 for r in self.replicas if r.ready))
 
 
 class ScaleState:

@@ -22,7 +22,7 @@ Steps (`run_validation`):
    *effective* capacity B_max / (scale x (T(B_max) + per-batch) + B_max x host per request + host per batch).
    The real server's busy fraction is measured at each load and reported beside the simulator's;
 5. the simulator on the SAME arrival schedule (same seed), 1 replica per model instance, the model's own
-   batching policy (`headroom.server.dataplane.policy_config`), service time = (profile + executor cost) x
+   batching policy (`headroom.batching.model_config.policy_config`), service time = (profile + executor cost) x
    scale, stretched by the host work of the arrivals and of each completion on the model's cores
    (`headroom.sim.cpu_share`),
    latency = simulated latency + the fixed per-request cost;
@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from headroom.batching.model_config import policy_config
 from headroom.batching.policy import BatchPolicyConfig
 from headroom.loadgen.arrivals import ArrivalSpec
 from headroom.loadgen.clients import ClientConfig
@@ -46,7 +47,6 @@ from headroom.loadgen.workloads import WorkloadSpec
 from headroom.models.config import ModelConfig
 from headroom.models.repository import ModelRepository
 from headroom.profiling.affinity import parse_cpus
-from headroom.server.served import policy_config
 from headroom.sim.calibrate import (
     Overhead,
     RunningServer,

@@ -9,11 +9,12 @@ import httpx
 import orjson
 from prometheus_client import CollectorRegistry
 
-from headroom.autoscaler.controller import AutoscalerController, router_sampler
+from headroom.autoscaler.controller import AutoscalerController
 from headroom.autoscaler.policy import AutoscalerConfig, MetricsSample
 from headroom.core.clock import FakeClock, MonotonicClock
 from headroom.router import health as hp
 from headroom.router.fake_replica import serve_asgi
+from headroom.router.load_sample import router_sampler
 from headroom.router.proxy import ProxyConfig, Router
 from headroom.router.replicas import LocalReplicaManager, ReplicaManagerConfig
 from headroom.router.upstream import Upstream

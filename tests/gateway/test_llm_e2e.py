@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from headroom.server.timing import parse_server_timing
+from headroom.core.server_timing import parse_server_timing
 from tests.support.server import RunningServer, run_server
 
 REPO = Path(__file__).resolve().parents[2] / "models"
@@ -109,3 +109,26 @@ def test_llm_spans_server_timing_and_ordering(llm: tuple[RunningServer, Path]) -
     prefill, decode = children[1], children[2]
     assert prefill["attributes"]["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
     assert decode["attributes"]["gen_ai.usage.output_tokens"] == usage["completion_tokens"] == 6
+
+
+def test_a_stream_ends_with_its_server_timing_and_the_access_line_has_it(llm: tuple[RunningServer, Path]) -> None:
+    """Headers go before the first token, so a stream's Server-Timing comes at its end: an SSE comment (which SSE
+    clients ignore) right before `data: [DONE]`; the stages are disjoint and sum to the total, as in the access
+    line."""
+    server, _ = llm
+    ask = {**SHORT, "max_tokens": 4, "stop": None, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=120.0) as client, \
+            client.stream("POST", "/v1/completions", json=ask, headers={"X-Request-Id": "timed-stream"}) as s:
+        assert s.status_code == 200
+        lines = [line for line in s.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]" and lines[-2].startswith(": server-timing ")
+    timing = parse_server_timing(lines[-2].removeprefix(": server-timing "))
+    stages = ("preprocess", "queue", "prefill", "decode", "other")
+    assert set(timing) == {*stages, "total"} and all(timing[k] >= 0 for k in stages)
+    assert sum(timing[k] for k in stages) == pytest.approx(timing["total"], abs=1.0)
+    assert timing["decode"] > 0
+    deadline = time.monotonic() + 60
+    while (entry := access_line(server, "timed-stream")) is None:  # written once the response completed
+        assert time.monotonic() < deadline, "no access line for the stream"
+        time.sleep(0.05)
+    assert set(parse_server_timing(entry["server_timing"])) == {*stages, "total"}

@@ -70,7 +70,7 @@ def test_request_spans_continue_the_callers_trace(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
     timings = StageTimings(
-        queue_ms=2.0, batch_wait_ms=5.0, preprocess_ms=1.0, compute_ms=10.0, postprocess_ms=0.5, total_ms=20.0
+        queue_ms=2.0, batch_wait_ms=3.0, preprocess_ms=1.0, compute_ms=10.0, postprocess_ms=0.5, total_ms=20.0
     )
     end_ns = 1_000_000_000_000
     out = record_request_spans(provider, "r1", "acme", f"00-{TRACE}-{PARENT}-01", timings, end_ns=end_ns)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from headroom.core.server_timing import parse_server_timing
 from headroom.gateway.usage import LLMUsage, report_usage, reported_usage, unused_tokens
-from headroom.server.timing import parse_server_timing
 
 USAGE = LLMUsage(prompt_tokens=9, completion_tokens=10, cached_tokens=4, preprocess_ms=0.5, queue_ms=1.25,
                  prefill_ms=7.0, decode_ms=30.0, total_ms=40.0, finish_reason="stop")
@@ -33,7 +33,7 @@ def test_report_round_trip_server_timing_and_log_fields() -> None:
     report_usage(state, USAGE)
     assert reported_usage(state) is USAGE
     assert parse_server_timing(USAGE.server_timing()) == {
-        "preprocess": 0.5, "queue": 1.25, "prefill": 7.0, "decode": 30.0, "total": 40.0
+        "preprocess": 0.5, "queue": 1.25, "prefill": 7.0, "decode": 30.0, "other": 1.25, "total": 40.0
     }
     assert USAGE.log_fields()["completion_tokens"] == 10 and USAGE.log_fields()["finish_reason"] == "stop"
     with pytest.raises(ValueError):

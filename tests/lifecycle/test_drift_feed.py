@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from headroom.lifecycle.digits_reference import write_drift_reference
 from headroom.lifecycle.drift import DriftConfig, fit_reference
 from headroom.lifecycle.drift_feed import (
     REFERENCE_FILE,
@@ -18,7 +19,7 @@ from headroom.lifecycle.drift_feed import (
     save_reference,
 )
 from headroom.models.builtin.digits_build import DigitsTrainingConfig, held_out_split
-from headroom.models.builtin.digits_drift import FEATURE_NAMES, summary_features, write_drift_reference
+from headroom.models.builtin.digits_drift import FEATURE_NAMES, summary_features
 
 
 def _version_with_reference(root: Path, name: str) -> Path:

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from headroom.core.clock import FakeClock
+from headroom.core.server_timing import parse_server_timing
 from headroom.gateway.usage import LLMUsage
 from headroom.llm.config import EngineConfig
 from headroom.llm.engine import LLMEngine
 from headroom.llm.request import RequestTimeline, SamplingParams, SequenceOutput, merge_timelines
 from headroom.llm.runner import ModelBatch
 from headroom.llm.serving import OpenAIServing
-from headroom.server.timing import parse_server_timing
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
 
@@ -106,8 +106,9 @@ async def test_non_streamed_answer_reports_usage_and_server_timing(serving: Open
     stages = usage.preprocess_ms + usage.queue_ms + usage.prefill_ms + usage.decode_ms
     assert usage.prefill_ms > 0 and usage.decode_ms > 0 and stages <= usage.total_ms + 1e-9
     timing = parse_server_timing(resp.headers["Server-Timing"])
-    assert set(timing) == {"preprocess", "queue", "prefill", "decode", "total"}
+    assert set(timing) == {"preprocess", "queue", "prefill", "decode", "other", "total"}
     assert timing["decode"] == pytest.approx(usage.decode_ms, abs=1e-3)
+    assert sum(v for k, v in timing.items() if k != "total") == pytest.approx(timing["total"], abs=1.0)
 
 
 async def test_refusals_report_nothing(serving: OpenAIServing) -> None:

@@ -22,6 +22,9 @@ async def _sse(resp: ServingResponse) -> list[Any]:
     assert resp.stream is not None
     events = []
     async for chunk in resp.stream:
+        if chunk.startswith(":"):  # an SSE comment: only the stream's Server-Timing, right before [DONE]
+            assert chunk.startswith(": server-timing ") and chunk.endswith("\n\n") and "total;dur=" in chunk
+            continue
         assert chunk.startswith("data: ") and chunk.endswith("\n\n")
         payload = chunk[len("data: ") : -2]
         events.append(payload if payload == "[DONE]" else json.loads(payload))

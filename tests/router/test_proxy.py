@@ -234,3 +234,22 @@ async def test_a_client_leaving_mid_stream_frees_the_replica_without_blaming_it(
             await asyncio.sleep(0.01)
         assert router.replicas["a"].outstanding == 0 and reps[0].inflight == 0  # the replica stopped too
         assert router.replicas["a"].failures == 0 and reps[0].served == 1
+
+
+async def test_an_oversized_body_gets_413_before_it_is_buffered_or_forwarded() -> None:
+    """The router's body limit (gateway.limits.read_body): a declared Content-Length over it is refused before
+    reading, a chunked body without one as soon as the bytes received pass it; no replica sees either."""
+    reps = [ReplicaBehaviour(name="a")]
+    async with fleet(reps, ProxyConfig(policy="round_robin", max_body_bytes=1000)) as (router, client):
+        declared = await client.post(INFER, content=b"x" * 1001)
+        assert declared.status_code == 413 and "limit of 1000 bytes" in declared.json()["error"]
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for _ in range(20):
+                yield b"y" * 100
+
+        streamed = await client.post(INFER, content=chunks())  # no Content-Length: chunked
+        assert streamed.status_code == 413 and declared.json()["reason"] == streamed.json()["reason"]
+        ok = await client.post(INFER, content=b"z" * 1000)
+        assert ok.status_code == 200 and ok.json()["echo_bytes"] == 1000
+        assert router.counters["requests"] == 1  # only the body within the limit was routed

@@ -21,10 +21,11 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from headroom.autoscaler.controller import AutoscalerController, router_sampler
+from headroom.autoscaler.controller import AutoscalerController
 from headroom.autoscaler.policy import AutoscalerConfig
 from headroom.core.clock import MonotonicClock
 from headroom.router.fake_replica import serve_asgi
+from headroom.router.load_sample import router_sampler
 from headroom.router.proxy import ProxyConfig, Router
 from headroom.router.ray_cluster import RayClusterConfig, connect_ray, shutdown_ray
 from headroom.router.ray_replicas import RayReplicaConfig, RayReplicaManager

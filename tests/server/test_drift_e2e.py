@@ -14,10 +14,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from headroom.lifecycle.digits_reference import write_drift_reference
 from headroom.lifecycle.int8_builtin import quantize_digits
 from headroom.lifecycle.quantize import QuantizeConfig
 from headroom.models.builtin.digits_build import ARTIFACTS, DigitsTrainingConfig, build_digits, held_out_split, is_built
-from headroom.models.builtin.digits_drift import write_drift_reference
 from headroom.models.builtin.digits_transform import to_model_input
 from tests.support.server import RunningServer, run_server
 

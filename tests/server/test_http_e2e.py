@@ -7,6 +7,7 @@ import json
 import re
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton_http
 
-from headroom.server.timing import parse_server_timing
+from headroom.core.server_timing import parse_server_timing
 from tests.server.conftest import seen_tags
 from tests.support.server import TRUST_PYTHON, RunningServer
 from tests.support.waiting import until, until_async
@@ -60,14 +61,34 @@ def test_tritonclient_http_round_trip_json_and_binary(server: RunningServer) -> 
     assert [bytes(b) for b in res.as_numpy("upper").reshape(-1)] == [b"HELLO", b"W\xc3\xb6RLD"]
 
 
-def test_server_timing_header_has_every_stage(server: RunningServer) -> None:
-    r = httpx.post(f"{server.url}/v2/models/echo/infer",
-                   json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]})
-    assert r.status_code == 200, r.text
-    stages = parse_server_timing(r.headers["server-timing"])
-    assert {"queue", "preprocess", "compute", "postprocess", "total"} <= set(stages)
-    assert stages["total"] >= stages["compute"]
-    assert r.json()["outputs"][0]["data"] == [2.0, 4.0]
+STAGES = ("queue", "batch_wait", "preprocess", "compute", "postprocess", "other")
+
+
+async def test_server_timing_stages_are_disjoint_and_sum_to_the_total(server: RunningServer) -> None:
+    """Every stage is its own measured interval (preprocess is real, not a remainder; batch_wait excludes the
+    queue), `other` is the rest, and they add up to `total` within the header's rounding, also under batching."""
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        responses = await asyncio.gather(*(client.post("/v2/models/echo/infer", json=body) for _ in range(8)))
+    for r in responses:
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"][0]["data"] == [2.0, 4.0]
+        stages = parse_server_timing(r.headers["server-timing"])
+        assert set(STAGES) | {"total"} == set(stages)
+        assert all(stages[s] >= 0 for s in STAGES)
+        assert sum(stages[s] for s in STAGES) == pytest.approx(stages["total"], abs=1.0)  # ms
+
+
+def test_error_responses_carry_server_timing(server: RunningServer) -> None:
+    for method, path, body in (("POST", "/v2/models/nope/infer", b'{"inputs": []}'),  # the inference route
+                               ("POST", "/v2/models/echo/infer", b"{not json"),
+                               ("GET", "/v2/models/nope", b"")):  # through Starlette's exception handler
+        r = httpx.request(method, server.url + path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code in (400, 404), r.text
+        stages = parse_server_timing(r.headers["server-timing"])
+        assert stages.keys() == {"other", "total"} and stages["other"] == stages["total"] >= 0
+    emb = httpx.post(server.url + "/v1/embeddings", json={"model": "nope", "input": "x"})
+    assert emb.status_code == 404 and "total" in parse_server_timing(emb.headers["server-timing"])
 
 
 async def test_concurrent_requests_form_batches_larger_than_one(server: RunningServer) -> None:
@@ -117,6 +138,17 @@ def test_oversized_body_gets_413(test_repo: Path, tmp_path: Path) -> None:
         r = httpx.post(f"{srv.url}/v2/models/echo/infer",
                        json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [2500, 2], "data": data}]})
         assert r.status_code == 413 and "limit" in r.json()["error"]
+        big = "x" * 20_000
+        emb = httpx.post(f"{srv.url}/v1/embeddings", json={"model": "echo", "input": big})  # OpenAI route
+        assert emb.status_code == 413 and "limit" in emb.text
+
+        def chunked() -> Iterator[bytes]:  # no Content-Length: refused while the bytes arrive
+            for _ in range(20):
+                yield b" " * 1000
+
+        streamed = httpx.post(f"{srv.url}/v2/models/echo/infer", content=chunked(),
+                              headers={"content-type": "application/json"})
+        assert streamed.status_code == 413 and "limit" in streamed.json()["error"]
         assert httpx.get(srv.url + "/v2/health/ready").status_code == 200
 
 

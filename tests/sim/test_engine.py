@@ -136,3 +136,15 @@ def test_simulator_runs_on_a_fake_clock_and_rejects_bad_config() -> None:
         Simulator(SimConfig(batching="continuous"), ServiceProfile.constant(0.01))
     with pytest.raises(ValueError, match="batching"):
         SimConfig(batching="magic")
+
+
+def test_admission_by_predicted_delay_refuses_what_cannot_meet_the_budget() -> None:
+    """The server batcher's admission (batching.admission on the queue's estimates): at 150/s against 100/s of
+    capacity, arrivals whose predicted delay exceeds 50 ms are refused at once instead of queueing."""
+    arrivals = poisson(150, 10.0, np.random.default_rng(3))
+    r = simulate(SimConfig(batching="none", latency_budget_s=0.050), ServiceProfile.constant(0.010), arrivals)
+    assert r.rejected > 0 and r.expired == 0
+    assert r.completed + r.rejected == r.offered
+    assert r.max_latency_s <= 0.050 + 0.010 + 1e-9  # admitted: predicted to finish within the budget
+    with pytest.raises(ValueError, match="latency_budget_s"):
+        SimConfig(latency_budget_s=0.0)

@@ -5,19 +5,13 @@ dashboard: mean intensity, contrast (std), ink share (pixels > 8), brightest pix
 (row, column) and its share in the top and left halves. Inverted or dimmed images move the first four, shifted
 or mirrored ones the last four.
 
-`write_drift_reference(version_dir)` fits the histograms on the training split (the same split the model was
-trained on) and writes `drift_reference.npz` next to model.onnx; `headroom serve` picks it up.
+The reference itself is fitted and written by `headroom.lifecycle.digits_reference.write_drift_reference`
+(the drift monitor's code); this module only holds the features, which the server finds by FEATURES_SPEC.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
-
-from headroom.lifecycle.drift import fit_reference
-from headroom.lifecycle.drift_feed import REFERENCE_FILE, save_reference
-from headroom.models.builtin.digits_build import DigitsTrainingConfig, held_out_split
 
 FEATURE_NAMES = ("mean", "std", "ink_share", "max", "row_centre", "col_centre", "top_share", "left_share")
 FEATURES_SPEC = "headroom.models.builtin.digits_drift:summary_features"  # how the server finds the function
@@ -36,12 +30,3 @@ def summary_features(images: np.ndarray) -> np.ndarray:
     left = x[:, :, :4].reshape(len(x), -1).sum(axis=1) / mass
     return np.stack([flat.mean(axis=1), flat.std(axis=1), (flat > 8).mean(axis=1), flat.max(axis=1),
                      rows, cols, top, left], axis=1)
-
-
-def write_drift_reference(version_dir: Path, cfg: DigitsTrainingConfig | None = None) -> Path:
-    """Fit the reference on the training images and write `<version_dir>/drift_reference.npz`."""
-    x_train, _, _, _ = held_out_split(cfg or DigitsTrainingConfig())
-    reference = fit_reference(summary_features(x_train), NUM_BINS, FEATURE_NAMES)
-    path = version_dir / REFERENCE_FILE
-    save_reference(path, reference, "input", FEATURES_SPEC)
-    return path
