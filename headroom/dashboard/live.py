@@ -3,9 +3,9 @@
     LiveSampler.point()  ->  read the registry now (a `Reading`), compare it with the reading one window ago
                              (`live_point`, pure)  ->  LivePoint: per model rate, p50/p99, queue, batch, KV ...
 
-Rates are counter deltas over the window; p50/p99 come from histogram bucket deltas
-(`headroom.dashboard.quantiles`); queue depth, KV-cache usage and running/waiting are the gauges as they are
-now. Tensor models use `headroom.server.metrics` (label `model`), LLM models `headroom.llm.metrics` (label
+Rates are counter deltas over the window; p50/p99 come from histogram bucket deltas (`headroom.core.metric_window`,
+`headroom.core.quantiles`); queue depth, KV-cache usage and running/waiting are the gauges as they are now.
+Tensor models use `headroom.server.metrics` (label `model`), LLM models `headroom.llm.metrics` (label
 `model_name`). There is no background task: the page's poll takes the reading, and the sampler keeps just
 enough old readings to reach one window back (the first poll compares with the reading taken at start-up).
 """
@@ -14,26 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from headroom.core.clock import Clock
-from headroom.dashboard.quantiles import window_quantiles
-
-Labels = tuple[tuple[str, str], ...]  # sorted (label, value) pairs of one sample
-_NO_LABELS: Mapping[Labels, float] = {}
-
-
-@dataclass(frozen=True, slots=True)
-class Reading:
-    """Every sample of a registry at one instant."""
-
-    time_s: float  # clock time of the reading (monotonic seconds)
-    values: Mapping[str, Mapping[Labels, float]]  # sample name -> its label sets -> value
+from headroom.core.metric_window import NO_LABELS, Reading, Readings, SeriesWindow, sum_by
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,70 +53,6 @@ class LivePoint:
     inflight: float | None  # requests inside the server, all tensor models (gauge)
     replicas: int | None  # serving replicas when an autoscaler reports them (None: unknown)
     models: tuple[LiveModel, ...]  # sorted by kind, then name
-
-
-def read_registry(registry: CollectorRegistry, time_s: float) -> Reading:
-    """A `Reading` of every sample in `registry` (`_created` timestamps left out)."""
-    values: dict[str, dict[Labels, float]] = {}
-    for family in registry.collect():
-        for s in family.samples:
-            if not s.name.endswith("_created"):
-                values.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = float(s.value)
-    return Reading(time_s, values)
-
-
-def _sum_by(r: Reading, name: str, label: str, keep: Callable[[dict[str, str]], bool] | None = None
-            ) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for labels, v in r.values.get(name, _NO_LABELS).items():
-        d = dict(labels)
-        if label in d and (keep is None or keep(d)):
-            out[d[label]] = out.get(d[label], 0.0) + v
-    return out
-
-
-def _buckets_by(r: Reading, histogram: str, label: str) -> dict[str, dict[float, float]]:
-    out: dict[str, dict[float, float]] = {}
-    for labels, v in r.values.get(histogram + "_bucket", _NO_LABELS).items():
-        d = dict(labels)
-        if label in d and "le" in d:
-            by_le = out.setdefault(d[label], {})
-            le = float(d["le"])
-            by_le[le] = by_le.get(le, 0.0) + v
-    return out
-
-
-def _increase(before: float, after: float) -> float:
-    return after - before if after >= before else after  # a reset: the counter restarted from 0
-
-
-class SeriesWindow:
-    """Deltas of one label's series between two readings."""
-
-    def __init__(self, before: Reading, after: Reading, label: str) -> None:
-        self.before, self.after, self.label = before, after, label
-        self.dt_s = after.time_s - before.time_s
-
-    def rate(self, name: str, model: str, keep: Callable[[dict[str, str]], bool] | None = None) -> float | None:
-        if self.dt_s <= 0:
-            return None
-        b = _sum_by(self.before, name, self.label, keep).get(model, 0.0)
-        a = _sum_by(self.after, name, self.label, keep).get(model, 0.0)
-        return _increase(b, a) / self.dt_s
-
-    def increase(self, name: str, model: str) -> float:
-        b = _sum_by(self.before, name, self.label).get(model, 0.0)
-        return _increase(b, _sum_by(self.after, name, self.label).get(model, 0.0))
-
-    def quantiles(self, histogram: str, model: str) -> list[float | None]:
-        after = _buckets_by(self.after, histogram, self.label).get(model)
-        if after is None or self.dt_s <= 0:
-            return [None, None]
-        before = _buckets_by(self.before, histogram, self.label).get(model, {})
-        return window_quantiles(before, after, (0.5, 0.99))
-
-    def gauge(self, name: str, model: str) -> float | None:
-        return _sum_by(self.after, name, self.label).get(model)
 
 
 def _tensor_model(w: SeriesWindow, m: str) -> LiveModel:
@@ -165,40 +89,16 @@ def live_point(before: Reading, after: Reading, t0_s: float, replicas: int | Non
     llm = SeriesWindow(before, after, "model_name")
     tensor_names: set[str] = set()
     for name in ("headroom_requests_total", "headroom_queue_depth", "headroom_request_duration_seconds_count"):
-        tensor_names |= set(_sum_by(after, name, "model"))
-    llm_names = set(_sum_by(after, "headroom_llm_num_requests_running", "model_name"))
+        tensor_names |= set(sum_by(after, name, "model"))
+    llm_names = set(sum_by(after, "headroom_llm_num_requests_running", "model_name"))
     models = [_tensor_model(tensor, m) for m in sorted(tensor_names)]
     models += [_llm_model(llm, m) for m in sorted(llm_names)]
     if replicas is None:
-        desired = after.values.get("headroom_autoscaler_desired_replicas", _NO_LABELS).get(())
+        desired = after.values.get("headroom_autoscaler_desired_replicas", NO_LABELS).get(())
         replicas = int(desired) if desired is not None and math.isfinite(desired) else None
-    inflight = after.values.get("headroom_inflight_requests", _NO_LABELS).get(())
+    inflight = after.values.get("headroom_inflight_requests", NO_LABELS).get(())
     return LivePoint(time_s=after.time_s - t0_s, window_s=max(0.0, after.time_s - before.time_s),
                      inflight=inflight, replicas=replicas, models=tuple(models))
-
-
-class Readings:
-    """Readings of one registry on demand, kept just long enough to reach one window back."""
-
-    def __init__(self, registry: CollectorRegistry, clock: Clock, window_s: float = 5.0,
-                 max_readings: int = 1000) -> None:
-        if not window_s > 0 or max_readings < 2:
-            raise ValueError(f"window_s must be > 0 and max_readings >= 2, got {window_s}, {max_readings}")
-        self._registry = registry
-        self._clock = clock
-        self._window_s = window_s
-        self.t0_s = clock.now_s()
-        # Oldest first; [0] is the newest reading at least one window old (or the oldest there is).
-        self._readings: deque[Reading] = deque([read_registry(registry, self.t0_s)], maxlen=max_readings)
-
-    def take(self) -> tuple[Reading, Reading]:
-        """Read the registry now: (the reading about one window ago, now)."""
-        now = read_registry(self._registry, self._clock.now_s())
-        readings = self._readings
-        readings.append(now)
-        while len(readings) > 2 and readings[1].time_s <= now.time_s - self._window_s:
-            readings.popleft()
-        return readings[0], now
 
 
 class LiveSampler:

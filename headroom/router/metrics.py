@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from importlib import resources
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -39,8 +40,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from headroom.core.clock import Clock, MonotonicClock
-from headroom.dashboard.fleet import FleetSampler, fleet_json
-from headroom.dashboard.routes import page_html
+from headroom.router.fleet_view import FleetSampler, fleet_json
 from headroom.router.snapshot import ReplicaSnapshot
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ def admin_routes(read: Callable[[], RouterView], registry: CollectorRegistry, cl
     and the dashboard with its fleet view (`/dashboard`, `/dashboard/api/fleet`; the page's per-model view,
     `/dashboard/api/live`, is proxied to a replica like any other path)."""
     fleet = FleetSampler(registry, clock or MonotonicClock(), fleet_window_s)
-    page = page_html()
+    page = resources.files("headroom.dashboard").joinpath("page.html").read_text(encoding="utf-8")  # data only
 
     async def dashboard(request: Request) -> Response:
         return HTMLResponse(page)

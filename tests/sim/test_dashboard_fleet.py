@@ -10,8 +10,8 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from headroom.core.clock import FakeClock
-from headroom.dashboard.fleet import FleetSampler, fleet_json
 from headroom.router.fake_replica import ReplicaBehaviour, make_app, serve_asgi
+from headroom.router.fleet_view import FleetSampler, fleet_json
 from headroom.router.metrics import ReplicaView, RouterMetrics, RouterView
 from headroom.router.proxy import ProxyConfig, Router
 from headroom.router.snapshot import ReplicaSnapshot

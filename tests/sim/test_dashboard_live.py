@@ -10,8 +10,9 @@ from starlette.testclient import TestClient
 
 from headroom.autoscaler.controller import AutoscalerMetrics
 from headroom.core.clock import FakeClock
+from headroom.core.metric_window import read_registry
 from headroom.core.types import StageTimings
-from headroom.dashboard.live import LiveModel, LiveSampler, live_point, point_json, read_registry
+from headroom.dashboard.live import LiveModel, LiveSampler, live_point, point_json
 from headroom.dashboard.routes import dashboard_routes
 from headroom.llm.metrics import LLMMetrics
 from headroom.server.metrics import ModelObserver, ServerMetrics

@@ -1,4 +1,4 @@
-"""Percentiles from Prometheus histogram buckets (headroom.dashboard.quantiles): known answers, edge cases and
+"""Percentiles from Prometheus histogram buckets (headroom.core.quantiles): known answers, edge cases and
 agreement with the exact percentile of the observations, through a real prometheus_client histogram."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from headroom.dashboard.live import Reading, read_registry
-from headroom.dashboard.quantiles import bucket_deltas, histogram_quantile, window_quantiles
+from headroom.core.metric_window import Reading, read_registry
+from headroom.core.quantiles import bucket_deltas, histogram_quantile, window_quantiles
 
 INF = math.inf
 

@@ -19,7 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from headroom.core.clock import Clock
-from headroom.dashboard.live import Reading, Readings, SeriesWindow
+from headroom.core.metric_window import Reading, Readings, SeriesWindow
 
 _REQUESTS = "headroom_router_replica_requests_total"
 _FAILURES = "headroom_router_replica_failures_total"
