@@ -62,8 +62,10 @@ def connect_ray(cluster: RayClusterConfig | None = None) -> None:
     else:
         # address="local": always a new cluster; None would join the last cluster started on this machine
         # (another process's `ray start` or `ray.cluster_utils.Cluster`), where num_cpus is refused
+        # _node_ip_address: a single-machine cluster binds loopback (its replicas are reached on 127.0.0.1)
         ray.init(address="local", num_cpus=cluster.num_cpus, include_dashboard=False, log_to_driver=False,
-                 namespace=cluster.namespace, object_store_memory=cluster.object_store_memory_bytes)
+                 namespace=cluster.namespace, object_store_memory=cluster.object_store_memory_bytes,
+                 _node_ip_address="127.0.0.1")
 
 
 def shutdown_ray() -> None:

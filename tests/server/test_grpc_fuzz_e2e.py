@@ -76,7 +76,8 @@ def infer_requests(draw: st.DrawFn) -> pb.ModelInferRequest:
     message = pb.ModelInferRequest(model_name=model, model_version=draw(st.sampled_from(["", "1", "7"])))
     tensor = message.inputs.add(name=name, datatype=datatype, shape=shape)
     extent = int(np.prod([min(d, 64) for d in shape], dtype=np.int64)) if shape else 1
-    count = draw(st.sampled_from([extent, extent, 0, extent + 1, max(0, extent - 1)]))
+    # element counts stay small enough for hypothesis to draw (a large shape then gets a mismatching count)
+    count = min(draw(st.sampled_from([extent, extent, 0, extent + 1, max(0, extent - 1)])), 512)
     if draw(st.booleans()):  # raw contents: the right byte count or not, BYTES length-prefixed or not
         itemsize = 4 if datatype not in V2_TO_NUMPY or datatype == "BYTES" else V2_TO_NUMPY[datatype].itemsize
         message.raw_input_contents.append(draw(st.one_of(st.binary(min_size=count * itemsize,
