@@ -1,4 +1,4 @@
-"""The serving path's own CPU per request, in process and without sockets: gateway -> hot routes / Starlette ->
+"""The serving path's own CPU per request, in process and without sockets: gateway -> Starlette ->
 data plane -> batcher -> a zero-cost embedding model whose preprocess runs inline, as minilm's does. What is
 left is what the event loop pays per request.
 
@@ -60,7 +60,7 @@ class InlinePreprocess(PythonModel):
     cheap_preprocess = True
 
 
-async def measure(requests: int, concurrency: int, path: str, hot_routes: bool = True) -> dict[str, Any]:
+async def measure(requests: int, concurrency: int, path: str) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # parameters.model_class imports this file
     root = Path(tempfile.mkdtemp(prefix="headroom-appcpu-"))
     (root / "fakeemb" / "1").mkdir(parents=True)
@@ -72,8 +72,7 @@ async def measure(requests: int, concurrency: int, path: str, hot_routes: bool =
     for loaded in await repo.load_async(repo.scan(None)):
         dataplane.add(ServedVersion(name=loaded.name, version=loaded.version, config=loaded.config,
                                     model=loaded.model))
-    http = build_http_app(HttpApi(dataplane, registry, HttpLimits()))
-    app = wrap_app(http if hot_routes else http.app, GatewaySetup(), registry=registry)
+    app = wrap_app(build_http_app(HttpApi(dataplane, registry, HttpLimits())), GatewaySetup(), registry=registry)
     if path == "/v1/embeddings":
         body = json.dumps({"input": "a short sentence of about eight words", "model": "fakeemb"}).encode()
     else:
@@ -112,7 +111,7 @@ async def measure(requests: int, concurrency: int, path: str, hot_routes: bool =
     cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
     await dataplane.stop()
     n = len(statuses)
-    return {"path": path, "hot_routes": hot_routes, "requests": n, "concurrency": concurrency,
+    return {"path": path, "requests": n, "concurrency": concurrency,
             "cpu_us_per_request": round(cpu_s / n * 1e6, 1),
             "wall_us_per_request": round(wall_s / n * 1e6, 1), "non_200": sum(s != 200 for s in statuses)}
 
@@ -122,11 +121,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=32, help="requests in flight at once")
     parser.add_argument("--path", default="/v1/embeddings", choices=("/v1/embeddings", "/v2/models/fakeemb/infer"))
-    parser.add_argument("--no-hot-routes", action="store_true",
-                        help="every request through Starlette's router and middlewares (the A/B for HotRoutes)")
     args = parser.parse_args()
     logging.getLogger("headroom").setLevel(logging.WARNING)
-    print(json.dumps(asyncio.run(measure(args.requests, args.concurrency, args.path, not args.no_hot_routes))))
+    print(json.dumps(asyncio.run(measure(args.requests, args.concurrency, args.path))))
 
 
 if __name__ == "__main__":

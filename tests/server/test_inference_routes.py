@@ -1,5 +1,5 @@
-"""The inference routes' short path (`HotRoutes`) and the disconnect race, in process: a real DataPlane with
-Python models from the test repository, the gateway in front, ASGI messages in and out (no sockets)."""
+"""The inference routes and the disconnect race, in process: a real DataPlane with Python models from the test
+repository, the gateway in front, ASGI messages in and out (no sockets)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from headroom.gateway.asgi import ASGIApp, Message
 from headroom.gateway.middleware import exempt_matcher, is_exempt
 from headroom.models.repository import ModelRepository
 from headroom.server.dataplane import DataPlane, ServedVersion
-from headroom.server.http_app import HotRoutes, HttpApi, HttpLimits, build_http_app
+from headroom.server.http_app import HttpApi, HttpLimits, build_http_app
 from headroom.server.metrics import ServerMetrics
 from tests.server.conftest import build_test_repository
 
@@ -30,10 +30,9 @@ from tests.server.conftest import build_test_repository
 class Stack:
     """DataPlane → HttpApi → build_http_app → gateway, plus a way to send one HTTP request through it."""
 
-    def __init__(self, dataplane: DataPlane, app: ASGIApp, hot: HotRoutes) -> None:
+    def __init__(self, dataplane: DataPlane, app: ASGIApp) -> None:
         self.dataplane = dataplane
         self.app = app
-        self.hot = hot
 
     async def request(self, method: str, path: str, body: bytes = b"",
                       disconnect_after_s: float | None = None) -> tuple[int, dict[bytes, bytes], bytes]:
@@ -77,8 +76,8 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     for loaded in await repo.load_async(index):
         dataplane.add(ServedVersion(name=loaded.name, version=loaded.version, config=loaded.config,
                                     model=loaded.model, version_dir=loaded.version_dir))
-    hot = build_http_app(HttpApi(dataplane, registry, HttpLimits()))
-    yield Stack(dataplane, wrap_app(hot, GatewaySetup(), registry=registry), hot)
+    yield Stack(dataplane, wrap_app(build_http_app(HttpApi(dataplane, registry, HttpLimits())), GatewaySetup(),
+                                    registry=registry))
     await dataplane.stop()
 
 
@@ -91,7 +90,7 @@ def _slow_body(delay_ms: float, tag: int) -> bytes:
                                   {"name": "tag", "datatype": "INT64", "shape": [1, 1], "data": [tag]}]}).encode()
 
 
-async def test_hot_infer_routes_answer_like_starlette_with_ids_and_timing(stack: Stack) -> None:
+async def test_infer_routes_answer_with_ids_and_timing(stack: Stack) -> None:
     for path in ("/v2/models/echo/infer", "/v2/models/echo/versions/1/infer"):
         status, headers, body = await stack.request("POST", path, _echo_body([1.0, 2.5]))
         assert status == 200, body
@@ -105,7 +104,7 @@ async def test_hot_infer_routes_answer_like_starlette_with_ids_and_timing(stack:
     assert len(ids) == 50 and all(len(i) == 16 for i in ids)
 
 
-async def test_hot_route_errors_keep_their_status_and_shape(stack: Stack) -> None:
+async def test_route_errors_keep_their_status_and_shape(stack: Stack) -> None:
     status, _, body = await stack.request("POST", "/v2/models/nope/infer", _echo_body([1.0, 2.0]))
     assert status == 404 and orjson.loads(body)["reason"]
     status, _, body = await stack.request("POST", "/v2/models/echo/infer", b'{"inputs": [')
@@ -114,19 +113,10 @@ async def test_hot_route_errors_keep_their_status_and_shape(stack: Stack) -> Non
     assert status == 404 and "version" in orjson.loads(body)["error"]
     status, _, body = await stack.request("POST", "/v1/embeddings", b'{"input": 3}')
     assert status == 400 and orjson.loads(body)["error"]["param"] == "input"
-    # not hot: the Starlette router answers (405 for a GET on a POST route, 404 for no route at all)
+    # 405 for a GET on a POST route, 404 for no route at all
     assert (await stack.request("GET", "/v2/models/echo/infer"))[0] == 405
     assert (await stack.request("POST", "/v2/models/echo/x/infer"))[0] == 404
     assert (await stack.request("GET", "/v2/health/ready"))[0] == 200
-
-
-async def test_a_model_bug_on_a_hot_route_is_a_plain_500_and_is_raised(stack: Stack) -> None:
-    async def boom(request: object) -> object:
-        raise RuntimeError("handler bug")
-
-    stack.hot._infer = boom  # type: ignore[assignment]  # a handler bug, as Starlette's 500 path sees one
-    with pytest.raises(RuntimeError, match="handler bug"):
-        await stack.request("POST", "/v2/models/echo/infer", _echo_body([1.0, 2.0]))
 
 
 async def test_client_that_leaves_while_queued_is_dropped_and_gets_cancelled(stack: Stack, tmp_path: Path) -> None:
