@@ -49,7 +49,7 @@ async def _load_with_fault(url: str, rate: float, duration_s: float, victim: int
 
 
 def one(log_dir: Path, sig: int, rate: float, duration_s: float) -> dict[str, Any]:
-    args = ["--replicas", "2", "--model-repository", "models", "--model", "noop", "--drain-timeout-s", "20"]
+    args = ["--replicas", "2", "--model-repository", "benchmarks/models", "--model", "noop", "--drain-timeout-s", "20"]
     with headroom("route", args, log_dir) as router:
         wait_replicas_ready(router.url, 2, 300.0)
         victim = replica_pids(router.process.pid)[0]
