@@ -10,6 +10,7 @@ from headroom.router.degrade import DegradeConfig
 from headroom.router.policies import POLICIES, RoutingConfig
 from headroom.router.prefix_index import PrefixIndexConfig
 from headroom.router.rollout import CanaryConfig
+from headroom.router.shed import ShedConfig, VegasConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +38,9 @@ class ProxyConfig:
     tied: bool = False
     tied_delay_s: float = 0.002  # Tail at Scale: a ~1-2 ms delay avoids most double work on idle replicas
     shedding: bool = True  # coordinated load shedding on aggregate load vs capacity
-    shed: tail.ShedConfig = field(default_factory=tail.ShedConfig)  # ramp 80% -> 100%
+    shed: ShedConfig = field(default_factory=ShedConfig)  # ramp 80% -> 100%
     adaptive_concurrency: bool = False  # Vegas limit on requests in flight through the router
-    vegas: tail.VegasConfig = field(default_factory=tail.VegasConfig)  # Netflix Vegas defaults
+    vegas: VegasConfig = field(default_factory=VegasConfig)  # Netflix Vegas defaults
     degrade: DegradeConfig = field(default_factory=DegradeConfig)  # fallback models when the fleet is busy
     canary_version: str = ""  # replicas serving this version form a canary arm ("" = no rollout)
     canary: CanaryConfig = field(default_factory=CanaryConfig)  # 5% -> 50% -> 100%, rollback thresholds

@@ -1,15 +1,17 @@
-"""The router process: an asyncio HTTP reverse proxy in front of N replicas, driven by the pure policies.
+"""The router process: an asyncio HTTP reverse proxy in front of N replicas, driven by the policy pipeline.
 
-Per request: coordinated shedding (503 + Retry-After without touching a replica) -> optional adaptive
-concurrency limit -> `choose` a replica -> send over a pooled keep-alive `httpx.AsyncClient` -> optionally
-hedge to a second replica after the p95 of recent latency (budgeted, the loser is cancelled) -> retry
-elsewhere, under the retry budget, attempts that never started (connection refused, a replica not ready or
-answering 503 `x-headroom-draining: 1`) and, on idempotent routes (V2 inference, embeddings, LLM generation),
-attempts whose connection was lost before any answer byte reached the client -> pass the answer through
-(small bodies buffered, SSE and large bodies streamed once their first chunk arrived). A background task
-checks `GET /v2/health/ready` on every replica (policy ``cache_aware``: also the KV blocks it holds,
-`headroom.router.prefix_index`); results and every finished attempt feed `headroom.router.health`.
-`/router/stats`, `/metrics` and `/metrics/replicas` (Prometheus service discovery): `headroom.router.metrics`.
+`headroom.router.pipeline.Pipeline` owns the replica table and every policy's state, and makes every decision
+(the gRPC side, `headroom.router.grpc_proxy`, uses the same instance); this module moves the bytes. Per
+request: coordinated shedding (503 + Retry-After without touching a replica) -> optional adaptive concurrency
+limit -> `choose` a replica -> send over a pooled keep-alive `httpx.AsyncClient` -> optionally hedge to a
+second replica after the p95 of recent latency (budgeted, the loser is cancelled) -> retry elsewhere, under
+the retry budget, attempts that never started (connection refused, a replica not ready or answering 503
+`x-headroom-draining: 1`) and, on idempotent routes (V2 inference, embeddings, LLM generation), attempts whose
+connection was lost before any answer byte reached the client -> pass the answer through (small bodies
+buffered, SSE and large bodies streamed once their first chunk arrived). A background task checks `GET
+/v2/health/ready` on every replica (policy ``cache_aware``: also the KV blocks it holds,
+`headroom.router.prefix_index`); results and every finished attempt feed the pipeline. `/router/stats`,
+`/metrics` and `/metrics/replicas` (Prometheus service discovery): `headroom.router.metrics`.
 
 W3C `traceparent`/`tracestate` go to the replica as sent, or, with a `tracer_provider`, the traceparent of the
 router's own SERVER span (`router`) so the replica's spans nest under it. The replica learns the tenant the
@@ -19,10 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import random
 import time
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import httpx
 from opentelemetry.trace import TracerProvider
@@ -42,18 +43,17 @@ from headroom.router.attempts import attempts_or_fallback
 from headroom.router.canary import CanaryTracker
 from headroom.router.config import ProxyConfig
 from headroom.router.metrics import RouterMetrics, admin_routes, router_view
-from headroom.router.policies import choose
+from headroom.router.pipeline import Pipeline
 from headroom.router.prefix_index import PrefixIndex
-from headroom.router.probes import probe_ready, record_probes
+from headroom.router.probes import probe_ready
 from headroom.router.prompt_hasher import PromptHasher
-from headroom.router.request_keys import PrefixKey, RouteKey, request_key
-from headroom.router.snapshot import ReplicaSnapshot, RouterState, routable
-from headroom.router.upstream import HOP_BY_HOP, Attempt, ReplicaRuntime, Upstream
+from headroom.router.request_keys import RouteKey, request_key
+from headroom.router.shed import VegasState
+from headroom.router.snapshot import ReplicaSnapshot
+from headroom.router.upstream import HOP_BY_HOP, HttpAttempt, ReplicaRuntime, Upstream
 from headroom.router.wire import Outgoing, UpstreamFailed, disconnected, end_span_with, json_error, router_span
 
 __all__ = ["ProxyConfig", "Router", "UpstreamFailed"]
-
-log = logging.getLogger("headroom.router")
 
 
 class Router:
@@ -67,25 +67,11 @@ class Router:
         self.prefix = PrefixIndex.for_policy(self.config.policy, self.config.prefix_index, prompt_hasher)
         self.tracer_provider = tracer_provider  # records a `router` span per proxied request when set
         self.clock = clock or MonotonicClock()
-        self.rng = rng or random.Random()
-        self.replicas: dict[str, ReplicaRuntime] = {}
-        self.health = hp.HealthState()
-        self.route_state = RouterState()
-        self.retry_state = self.config.retry_budget.fresh(self.clock.now_s())
-        self.hedge_state = self.config.hedge_budget.fresh(self.clock.now_s())
-        self.latencies = tail.LatencyWindow()
-        self.vegas = tail.vegas_initial(self.config.vegas)
-        self.inflight = 0
-        self.canary = (CanaryTracker(self.config.canary_version, self.config.canary, self.clock.now_s())
-                       if self.config.canary_version else None)
-        self.counters = dict.fromkeys(("requests", "shed", "limited", "retries", "retries_denied", "hedges",
-                                       "hedge_wins", "no_replica", "upstream_failed", "degraded",
-                                       "degraded_on_error", "tied", "cancelled"), 0)
-        self.breaker = degrade.BreakerState()  # per primary model: failures in a row, ejections
+        self.metrics = RouterMetrics(registry or CollectorRegistry(), lambda: router_view(self))
+        self.pipeline = Pipeline(self.config, self.clock, rng or random.Random(), self.metrics, self.prefix)
         self._client: httpx.AsyncClient | None = None
         self._checker: asyncio.Task[None] | None = None
         self._wake_checker = asyncio.Event()
-        self.metrics = RouterMetrics(registry or CollectorRegistry(), lambda: router_view(self))
         self.set_upstreams(upstreams)
         self.app = Starlette(routes=[*admin_routes(lambda: router_view(self), self.metrics.registry),
                                      Route("/{path:path}", self.handle, methods=[
@@ -121,18 +107,48 @@ class Router:
 
     def set_upstreams(self, upstreams: Sequence[Upstream]) -> None:
         """Replace the replica set (replica manager / autoscaler). New replicas start not ready."""
-        wanted = {u.replica_id: u for u in upstreams}
-        for rid in list(self.replicas):
-            if rid not in wanted:
-                del self.replicas[rid]
-                self.health = self.health.without(rid)
-                self.metrics.forget(rid)
-        for rid, u in wanted.items():
-            if rid in self.replicas:
-                self.replicas[rid].upstream = u
-            else:
-                self.replicas[rid] = ReplicaRuntime(u)
+        self.pipeline.set_upstreams(upstreams)
         self._wake_checker.set()
+
+    # ------------------------------------------------------------------------ the pipeline's state, read-only
+    @property
+    def replicas(self) -> dict[str, ReplicaRuntime]:
+        return self.pipeline.replicas
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.pipeline.counters
+
+    @property
+    def inflight(self) -> int:
+        return self.pipeline.inflight
+
+    @property
+    def vegas(self) -> VegasState:
+        return self.pipeline.vegas
+
+    @property
+    def breaker(self) -> degrade.BreakerState:
+        return self.pipeline.breaker
+
+    @property
+    def health(self) -> hp.HealthState:
+        return self.pipeline.health
+
+    @health.setter
+    def health(self, state: hp.HealthState) -> None:  # tests and the autoscaler's fixtures seed readiness
+        self.pipeline.health = state
+
+    @property
+    def canary(self) -> CanaryTracker | None:
+        return self.pipeline.canary
+
+    @canary.setter
+    def canary(self, tracker: CanaryTracker | None) -> None:  # a fleet rollout starts and ends one
+        self.pipeline.canary = tracker
+
+    def snapshots(self) -> tuple[ReplicaSnapshot, ...]:
+        return self.pipeline.snapshots()
 
     # -------------------------------------------------------------------------------------- health checks
     async def check_once(self) -> None:
@@ -144,124 +160,31 @@ class Router:
         ready = await probe_ready(client, runtimes, self.config.check_timeout_s)
         if self.prefix is not None:  # cache_aware: the KV blocks each replica holds
             await self.prefix.poll(client, [rt.upstream for rt in runtimes], self.config.check_timeout_s)
-        self.health = record_probes(self.health, runtimes, ready, self.replicas, self.clock.now_s(),
-                                    self.config.health)
+        self.pipeline.record_checks(runtimes, ready)
 
     async def _check_loop(self) -> None:
         while True:
             self._wake_checker.clear()
             await self.check_once()
-            if self.canary is not None:
-                now = self.clock.now_s()
-                arm = [s for s in self.snapshots() if self.canary.in_arm("canary", s.version)]
-                self.canary.evaluate(now, bool(arm) and all(s.ejected(now) for s in arm))
+            self.pipeline.evaluate_rollout()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake_checker.wait(), self.config.check_interval_s)
 
-    # ------------------------------------------------------------------------------------------ routing
-    def snapshots(self) -> tuple[ReplicaSnapshot, ...]:
-        return hp.apply([rt.snapshot() for rt in self.replicas.values()], self.health)
-
-    def _record(self, attempt: Attempt, latency_s: float | None = None) -> None:
-        if attempt.recorded:
-            return
-        attempt.recorded = True
-        failed = attempt.failed
-        if latency_s is None:
-            latency_s = attempt.finish()
-        if attempt.replica.upstream.replica_id not in self.replicas:
-            return  # removed (drained) while this request was in flight
-        self.metrics.observe_attempt(attempt.replica.upstream.replica_id, attempt.outcome, latency_s)
-        event, self.health = hp.record_result(self.health, attempt.replica.upstream.replica_id, failed,
-                                              self.clock.now_s(), self.config.health)
-        if event is not None:
-            log.warning("event=%s replica=%s until_s=%.1f", event.kind, event.replica_id, event.until_s)
-        if attempt.outcome in ("connect_error", "draining"):
-            self.mark_unready(attempt.replica.upstream.replica_id)
-        if attempt.outcome == "ok":
-            self.latencies = self.latencies.add(latency_s)
-        if self.canary is not None and attempt.arm and not tail.retryable(attempt.outcome):
-            self.canary.record(attempt.arm, failed, latency_s)
-
-    async def _drop(self, attempt: Attempt) -> None:
-        """Close a failed attempt's response (if any) and fold its outcome into health."""
-        if attempt.response is not None:
-            await attempt.response.aclose()
-        self._record(attempt)
-
-    def _arm(self) -> str:
-        """Draw this request's rollout arm; an arm without a routable replica yields to the other."""
-        if self.canary is None:
-            return ""
-        arm = self.canary.pick(self.rng)
-        now = self.clock.now_s()
-        if not any(self.canary.in_arm(arm, s.version) for s in routable(self.snapshots(), now)):
-            arm = "baseline" if arm == "canary" else "canary"
-        return arm
-
-    def _pick(self, key: RouteKey, exclude: set[str], arm: str = "") -> ReplicaRuntime | None:
-        snaps = [s for s in self.snapshots() if s.replica_id not in exclude
-                 and (self.canary is None or not arm or self.canary.in_arm(arm, s.version))]
-        now, blocks = self.clock.now_s(), key if isinstance(key, PrefixKey) else None
-        snaps = self.prefix.stamp(snaps, blocks, now) if self.prefix is not None else snaps
-        decision, self.route_state = choose(self.config.policy, snaps,
-                                            key.placement_key() if isinstance(key, PrefixKey) else key,
-                                            self.route_state, now, self.rng, self.config.routing)
-        if self.prefix is not None and blocks is not None and decision.replica_id is not None:
-            self.prefix.note_routed(decision.replica_id, blocks, now)
-        return None if decision.replica_id is None else self.replicas[decision.replica_id]
-
-    # ------------------------------------------------------------------- for other transports (gRPC)
-    def pick(self, key: str | None = None, exclude: Collection[str] = ()) -> ReplicaRuntime | None:
-        """Choose a replica with the configured policy; None when no replica is routable."""
-        return self._pick(key, set(exclude), self._arm())
-
-    def allow_retry(self) -> bool:
-        """Withdraw one retry from the budget (HTTP and gRPC share it); counts the retry or its denial."""
-        allowed, self.retry_state = tail.budget_withdraw(self.retry_state, self.clock.now_s(),
-                                                         self.config.retry_budget)
-        self.counters["retries" if allowed else "retries_denied"] += 1
-        return allowed
-
-    def mark_unready(self, replica_id: str) -> None:
-        """The replica refused a connection or is draining: no new traffic there until a check passes."""
-        event, self.health = hp.record_check(self.health, replica_id, False, self.clock.now_s(), self.config.health)
-        if event is not None:
-            log.info("event=not_ready replica=%s reason=refused_or_draining", replica_id)
-
-    def admit(self) -> tail.ShedDecision:
-        """The shedding decision for one new request (always admits when shedding is off)."""
-        snaps = self.snapshots()
-        undispatched = self.inflight - sum(s.outstanding for s in snaps)
-        d = tail.shed(snaps, self.clock.now_s(), self.rng, self.config.shed, undispatched)
-        self.counters["requests"] += 1
-        if not self.config.shedding:
-            return tail.ShedDecision(False, d.fraction, d.utilisation, d.retry_after_s)
-        self.counters["shed"] += d.reject
-        return d
-
-    def observe(self, rt: ReplicaRuntime, failed: bool, latency_s: float) -> None:
-        """Fold one finished call on `rt` (already released from `outstanding`) into latency and health."""
-        now = self.clock.now_s()
-        rt.observe_latency(latency_s, now)
-        rt.failures += failed
-        if rt.upstream.replica_id not in self.replicas:
-            return
-        event, self.health = hp.record_result(self.health, rt.upstream.replica_id, failed, now,
-                                              self.config.health)
-        if event is not None:
-            log.warning("event=%s replica=%s until_s=%.1f", event.kind, event.replica_id, event.until_s)
-        if not failed:
-            self.latencies = self.latencies.add(latency_s)
-
-    def _require_client(self) -> httpx.AsyncClient:
+    # ------------------------------------------------------------------------------------------ sending
+    def require_client(self) -> httpx.AsyncClient:
         if self._client is None:
             raise RuntimeError("Router.start() must run before requests are proxied (use the app's lifespan)")
         return self._client
 
-    def _build(self, rt: ReplicaRuntime, out: Outgoing) -> httpx.Request:
-        return self._require_client().build_request(out.method, rt.upstream.base_url + out.path_and_query,
-                                                    headers=list(out.headers), content=out.body)
+    def build(self, rt: ReplicaRuntime, out: Outgoing) -> httpx.Request:
+        return self.require_client().build_request(out.method, rt.upstream.base_url + out.path_and_query,
+                                                   headers=list(out.headers), content=out.body)
+
+    async def drop(self, attempt: HttpAttempt) -> None:
+        """Close a failed attempt's response (if any) and fold its outcome into the pipeline."""
+        if attempt.response is not None:
+            await attempt.response.aclose()
+        self.pipeline.finish(attempt)
 
     # ----------------------------------------------------------------------------------------- handling
     async def handle(self, request: Request) -> Response:
@@ -282,28 +205,18 @@ class Router:
         return response if span is None else end_span_with(response, span)
 
     async def _proxy(self, request: Request, traceparent: str | None = None) -> Response:
-        c = self.config
+        c, pipe = self.config, self.pipeline
         body = await read_body(request, c.max_body_bytes)  # 413 before an oversized body is buffered
-        now = self.clock.now_s()
-        self.counters["requests"] += 1
-        snaps = self.snapshots()
-        undispatched = self.inflight - sum(s.outstanding for s in snaps)  # admitted, no replica picked yet
-        d = tail.shed(snaps, now, self.rng, c.shed, undispatched)
-        if c.shedding and d.reject:
-            self.counters["shed"] += 1
-            raise Overloaded(f"all replicas are {d.utilisation:.0%} busy; shedding {d.fraction:.0%} of "
-                             "new requests, retry later", retry_after_s=d.retry_after_s)
-        if c.adaptive_concurrency and self.inflight >= self.vegas.effective_limit(c.vegas):
-            self.counters["limited"] += 1
-            raise Overloaded(f"concurrency limit {self.vegas.effective_limit(c.vegas)} reached; retry later",
-                             retry_after_s=1.0)
-        self.retry_state = tail.budget_deposit(self.retry_state, now, c.retry_budget)
-        self.hedge_state = tail.budget_deposit(self.hedge_state, now, c.hedge_budget)
+        a = pipe.admit()
+        if a.verdict == "shed":
+            raise Overloaded(f"all replicas are {a.shed.utilisation:.0%} busy; shedding {a.shed.fraction:.0%} of "
+                             "new requests, retry later", retry_after_s=a.shed.retry_after_s)
+        if a.verdict == "limited":
+            raise Overloaded(f"concurrency limit {a.limit} reached; retry later", retry_after_s=1.0)
         key: RouteKey = (await self.prefix.key(body) if self.prefix is not None
                          else request_key(c.policy, request.headers, body, c.affinity_header))
-        out = self._outgoing(request, body, d.utilisation, traceparent)
-        self.inflight += 1
-        inflight_at_start = self.inflight
+        out = self._outgoing(request, body, a.shed.utilisation, traceparent)
+        inflight_at_start = pipe.enter()
         work = asyncio.create_task(attempts_or_fallback(self, out, key))
         gone = asyncio.create_task(disconnected(request))
         try:
@@ -312,24 +225,19 @@ class Router:
                 work.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await work
-                self.counters["cancelled"] += 1
+                pipe.counters["cancelled"] += 1
                 raise Cancelled("the client disconnected")
             winner, out = work.result()
         finally:
             gone.cancel()
-            self.inflight -= 1
+            pipe.leave()
         return self._respond(winner, inflight_at_start, out.degraded_to)
 
     def _outgoing(self, request: Request, body: bytes, utilisation: float, traceparent: str | None = None) -> Outgoing:
         path, degraded_to = request.url.path, ""
-        fallbacks = self.config.degrade.fallbacks
-        if fallbacks and (utilisation >= self.config.degrade.start_utilisation or (
-                self.breaker.ejected_until_s and self.breaker.ejected(degrade.model_of(path, body),
-                                                                     self.clock.now_s()))):
-            rewritten = degrade.rewrite(path, body, fallbacks)
-            if rewritten is not None:
-                path, body, degraded_to = rewritten
-                self.counters["degraded"] += 1
+        rewritten = self.pipeline.degrade(path, body, utilisation)
+        if rewritten is not None:
+            path, body, degraded_to = rewritten
         query = f"?{request.url.query}" if request.url.query else ""
         tenant = request.scope.get("state", {}).get("tenant", "")  # the gateway's, never the client's header
         headers = forwarded_headers(request.headers.items(), HOP_BY_HOP, tenant)
@@ -338,11 +246,11 @@ class Router:
         return Outgoing(request.method, path + query, headers, body, degraded_to,
                         tail.replayable(request.method, path))
 
-    def _respond(self, a: Attempt, inflight_at_start: int, degraded_to: str = "") -> Response:
-        rid = a.replica.upstream.replica_id
+    def _respond(self, a: HttpAttempt, inflight_at_start: int, degraded_to: str = "") -> Response:
+        rid, pipe = a.replica.upstream.replica_id, self.pipeline
         if a.response is None or a.outcome in ("timeout", "connection_lost"):
-            self._record(a)
-            self.counters["upstream_failed"] += 1
+            pipe.finish(a)
+            pipe.counters["upstream_failed"] += 1
             if a.outcome == "timeout":
                 raise DeadlineExceeded(f"replica {rid} did not answer within {self.config.request_timeout_s} s")
             raise UpstreamFailed(f"replica {rid} failed mid-request ({a.outcome}); the request may have run")
@@ -353,8 +261,8 @@ class Router:
             headers["x-headroom-degraded-to"] = degraded_to
         if a.body is not None:
             latency = a.finish()
-            self._record(a, latency)
-            self._feed_limiter(latency, inflight_at_start, a.outcome == "overloaded")
+            pipe.finish(a, latency)
+            pipe.done(latency, inflight_at_start, a.outcome == "overloaded")
             return Response(a.body, resp.status_code, headers)
 
         async def stream() -> AsyncIterator[bytes]:
@@ -372,11 +280,7 @@ class Router:
             finally:
                 await resp.aclose()
                 latency = a.finish(record_latency=a.outcome != "cancelled")
-                self._record(a, latency)
-                self._feed_limiter(latency, inflight_at_start, False)
+                pipe.finish(a, latency)
+                pipe.done(latency, inflight_at_start, False)
 
         return StreamingResponse(stream(), resp.status_code, headers)
-
-    def _feed_limiter(self, latency_s: float, inflight: int, dropped: bool) -> None:
-        if self.config.adaptive_concurrency and latency_s > 0:
-            self.vegas = tail.vegas_update(self.vegas, latency_s, inflight, dropped, self.config.vegas)

@@ -1,12 +1,12 @@
 """Per-replica bookkeeping for the proxy and one upstream attempt (mechanism, not policy).
 
 `ReplicaRuntime` keeps what the policies need (outstanding requests, peak-EWMA latency) and turns it into a
-`ReplicaSnapshot`. `Attempt` is one request sent to one replica: it classifies the outcome the way the tail
-policies expect ("ok", "connect_error", "not_ready", "draining", "overloaded", "timeout", "connection_lost",
-"http_5xx") and, via `finish`, releases the replica's outstanding slot exactly once. Nothing of an answer
-reaches the client before `run` returns: small bodies are read whole, streamed ones up to their first chunk,
-so a connection lost inside `run` is one the router may still retry.
-
+`ReplicaSnapshot`. `Attempt` is one request on one replica, whatever the transport: it holds the replica's
+outstanding slot and, via `finish`, releases it exactly once. `HttpAttempt` sends it over HTTP and classifies
+the outcome the way the tail policies expect ("ok", "connect_error", "not_ready", "draining", "overloaded",
+"timeout", "connection_lost", "http_5xx"); the gRPC proxy names its own (`headroom.router.grpc_proxy`).
+Nothing of an answer reaches the client before `run` returns: small bodies are read whole, streamed ones up to
+their first chunk, so a connection lost inside `run` is one the router may still retry.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import orjson
 
 from headroom.core.clock import Clock
 from headroom.router.snapshot import ReplicaSnapshot, peak_ewma_update
+from headroom.router.tail import counts_as_failure
 
 #: Hop-by-hop headers (RFC 9110 section 7.6.1) never forwarded in either direction.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
@@ -83,7 +84,9 @@ def _classify(resp: httpx.Response, body: bytes | None) -> str:
 
 
 class Attempt:
-    """One request on one replica. `outcome` is set once `run` returns."""
+    """One request on one replica, whatever the transport: holds an outstanding slot from construction until
+    `finish`, which releases it exactly once. `outcome` is the router's name for how it ended (see
+    `headroom.router.tail.counts_as_failure`); `headroom.router.pipeline.Pipeline.finish` folds it in."""
 
     def __init__(self, replica: ReplicaRuntime, clock: Clock, hedge: bool = False, arm: str = "") -> None:
         self.replica = replica
@@ -92,16 +95,42 @@ class Attempt:
         self.hedge = hedge
         self.started_s = clock.now_s()
         self.outcome = "pending"
+        self._finished = False
+        self.recorded = False  # its outcome was folded into health (the pipeline does it once)
+        replica.outstanding += 1
+        replica.requests += 1
+
+    @property
+    def failed(self) -> bool:
+        """Counts against the replica for outlier ejection (503 sheds and not-ready do not)."""
+        return counts_as_failure(self.outcome)
+
+    def finish(self, failed: bool | None = None, record_latency: bool = True) -> float:
+        """Release the outstanding slot (once); returns the attempt's latency in seconds."""
+        now = self.clock.now_s()
+        latency_s = now - self.started_s
+        if self._finished:
+            return latency_s
+        self._finished = True
+        self.replica.outstanding -= 1
+        if failed if failed is not None else self.failed:
+            self.replica.failures += 1
+        if record_latency:
+            self.replica.observe_latency(latency_s, now)
+        return latency_s
+
+
+class HttpAttempt(Attempt):
+    """An attempt over HTTP. `outcome` is set once `run` returns."""
+
+    def __init__(self, replica: ReplicaRuntime, clock: Clock, hedge: bool = False, arm: str = "") -> None:
+        super().__init__(replica, clock, hedge, arm)
         self.response: httpx.Response | None = None
         self.body: bytes | None = None  # the whole body when it was buffered
         self.first_chunk = b""  # a streamed body's first chunk, read before the answer is committed
         self.rest: AsyncIterator[bytes] | None = None  # the rest of a streamed body
-        self._finished = False
-        self.recorded = False  # its outcome was folded into health (the proxy does it once)
-        replica.outstanding += 1
-        replica.requests += 1
 
-    async def run(self, client: httpx.AsyncClient, request: httpx.Request) -> Attempt:
+    async def run(self, client: httpx.AsyncClient, request: httpx.Request) -> HttpAttempt:
         """Send and wait for the response head (and the body when it is small); classify the outcome."""
         try:
             resp = await client.send(request, stream=True)
@@ -132,26 +161,6 @@ class Attempt:
             return self
         self.outcome = _classify(resp, self.body)
         return self
-
-    @property
-    def failed(self) -> bool:
-        """Counts against the replica for outlier ejection (503 sheds and not-ready do not)."""
-        return self.outcome in ("connect_error", "timeout", "connection_lost") or self.outcome.startswith(
-            "http_5")
-
-    def finish(self, failed: bool | None = None, record_latency: bool = True) -> float:
-        """Release the outstanding slot (once); returns the attempt's latency in seconds."""
-        now = self.clock.now_s()
-        latency_s = now - self.started_s
-        if self._finished:
-            return latency_s
-        self._finished = True
-        self.replica.outstanding -= 1
-        if failed if failed is not None else self.failed:
-            self.replica.failures += 1
-        if record_latency:
-            self.replica.observe_latency(latency_s, now)
-        return latency_s
 
     async def discard(self) -> None:
         """This attempt lost a hedge race or was abandoned: close its stream and release the slot."""
