@@ -1,7 +1,7 @@
 """Time (and optionally profile) one engine decode step at a given batch size on SmolLM2.
 
     .venv/bin/python benchmarks/llm/profile_step.py --batch 1,32 --num-threads 1 [--profile] [--weight-dtype fp32]
-        [--attention-backend torch]
+        [--torch-attention]
 
 Prompts of ~100 tokens are prefilled first; then `--steps` decode steps are timed (median reported), in
 wall time and in this process's CPU time (steadier than wall time on a shared, oversubscribed machine).
@@ -18,6 +18,7 @@ import torch
 from headroom.llm.config import EngineConfig
 from headroom.llm.offline import DEFAULT_MODEL, load_engine
 from headroom.llm.request import SamplingParams
+from headroom.llm.runner import TorchRunner
 
 
 def main() -> None:
@@ -28,10 +29,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10, help="decode steps timed per batch size")
     ap.add_argument("--weight-dtype", default="", help="EngineConfig.weight_dtype (native or fp32); empty = default")
     ap.add_argument(
-        "--attention-backend",
-        default="auto",
-        choices=("auto", "torch", "kernel"),
-        help="EngineConfig.attention_backend: the C paged-attention kernel (auto/kernel) or torch ops",
+        "--torch-attention",
+        action="store_true",
+        help="fp32 mode: time torch ops instead of the C paged-attention kernel (an A/B of the kernel)",
     )
     ap.add_argument("--profile", action="store_true", help="print a torch.profiler table of one step")
     args = ap.parse_args()
@@ -39,11 +39,14 @@ def main() -> None:
         "num_threads": args.num_threads,
         "max_num_seqs": 64,
         "kv_cache_memory_mb": 512,
-        "attention_backend": args.attention_backend,
     }
     if args.weight_dtype:
         kw["weight_dtype"] = args.weight_dtype
     engine, _ = load_engine(args.model, EngineConfig(**kw))  # type: ignore[arg-type]
+    if args.torch_attention:
+        if not isinstance(engine.runner, TorchRunner):
+            raise SystemExit("--torch-attention: the model runs on the native step (use --weight-dtype fp32)")
+        engine.runner.attention_kernel = None
     tok = engine.tokenizer
     if tok is None:
         raise SystemExit("no tokenizer")

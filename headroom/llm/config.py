@@ -6,9 +6,17 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from headroom.llm.kernels.build import BACKENDS as KERNEL_BACKENDS
-
 WEIGHT_DTYPES = ("auto", "native", "fp32")  # values of EngineConfig.weight_dtype
+#: Engine keys that existed once: a config that still sets one is refused with what replaced it (A/B switches
+#: whose losing side was removed once the benchmarks settled them).
+REMOVED_KEYS = {
+    "attention_backend": "removed in session 9: the C paged-attention kernel is used whenever it builds and "
+    "serves the model (CPU fp32), torch ops otherwise (one log line says why)",
+    "wide_step_min_tokens": "removed in session 9: the thread tuner measures every step size from the start "
+    "(headroom.llm.threads); set num_threads to fix the count",
+    "decode_backend": "removed in session 7: native weights always use the native decode step",
+    "kernel_decode_max_seqs": "removed in session 7: the native decode step serves every batch size",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,19 +89,13 @@ class EngineConfig:
     max_model_len: int = 0  # context limit in tokens; 0 = the model's max_position_embeddings
     device: str = "cpu"  # "cpu" | "cuda" | "auto" (cuda when available)
     dtype: str = "auto"  # "auto" (fp32 on cpu, bf16 on cuda) | "float32" | "bfloat16" | "float16"
-    # torch intra-op threads on CPU; 0 = auto: on <= 2 CPUs chosen per step by measuring (headroom.llm.threads),
-    # else torch's default
+    # intra-op threads per step on CPU; 0 = auto: chosen per step by measuring, among 1, 2, 4, ... up to the CPUs
+    # this process may use (its affinity mask; headroom.llm.threads)
     num_threads: int = 0
-    # auto threads on <= 2 CPUs, before anything is measured: steps of at least this many tokens (a full decode
-    # batch, prefill chunks) start on every CPU, smaller ones on 1 thread
-    wide_step_min_tokens: int = 32
     # "auto" (native for a GGUF on CPU, else weights in `dtype`) | "native" (the GGUF's own block formats, Q4_0 /
     # Q4_1 / Q8_0 / F16 / F32, run by the native C step, headroom.llm.kernels.native; CPU only; batch-invariant) |
     # "fp32" (the reference: weights dequantised to `dtype`, the torch model; equals transformers' greedy output)
     weight_dtype: str = "auto"
-    # "auto" (the C paged-attention kernel, headroom.llm.kernels, on CPU fp32 when it builds; else torch ops) |
-    # "torch" | "kernel" (fail at startup when the kernel cannot be built or used); fp32 mode only
-    attention_backend: str = "auto"
     swap_space_mb: float = 0.0  # host memory for swap preemption; 0 = preempt by recompute only
     speculative_ngram_tokens: int = 0  # prompt-lookup speculative decoding: draft length; 0 = off
     speculative_draft_model: str = ""  # draft-model speculation: a .gguf, HF directory or package: ("" = off)
@@ -121,12 +123,8 @@ class EngineConfig:
                 f"weight_dtype {self.weight_dtype!r}: use auto (native for a GGUF on CPU), native (the GGUF's own "
                 "quantised formats, CPU only) or fp32 (the reference, dequantised weights)"
             )
-        if self.attention_backend not in KERNEL_BACKENDS:
-            raise ValueError(
-                f"attention_backend {self.attention_backend!r}: use auto (the C kernel when it builds), torch or kernel"
-            )
-        if self.wide_step_min_tokens < 1:
-            raise ValueError("wide_step_min_tokens must be >= 1 (32 is usual)")
+        if self.num_threads < 0:
+            raise ValueError("num_threads must be >= 0 (0 = chosen per step by measuring)")
         if self.swap_space_mb < 0:
             raise ValueError("swap_space_mb must be >= 0 (0 = recompute only)")
         if self.speculative_ngram_tokens < 0:
@@ -141,10 +139,13 @@ class EngineConfig:
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, Any]) -> EngineConfig:
-        """Pick the engine keys out of a config.yaml `parameters:` mapping (other keys are ignored)."""
+        """Pick the engine keys out of a config.yaml `parameters:` mapping (other keys are ignored; a key the
+        engine no longer has is refused with what replaced it, `REMOVED_KEYS`)."""
         known = {f.name: f for f in fields(cls)}
         kwargs: dict[str, Any] = {}
         for key, value in params.items():
+            if key in REMOVED_KEYS:
+                raise ValueError(f"parameters.{key}: {REMOVED_KEYS[key]}; delete the key")
             if key not in known:
                 continue
             default = getattr(cls(), key)

@@ -20,7 +20,6 @@ the engine turns into the failure of that one request.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ import torch
 
 from headroom.core.errors import HeadroomError, InvalidRequest
 from headroom.llm.request import Request
+from headroom.llm.threads import usable_cpus
 from headroom.protocol.openai_errors import FieldError
 
 if TYPE_CHECKING:
@@ -171,12 +171,12 @@ def advance(matcher: LLMatcher, token: int) -> None:
 class MaskWorker:
     """One thread that computes a step's masks while the forward runs; `close()` ends it (the engine owns it).
 
-    `threaded=False` computes them on the engine thread after the forward instead. That is the default on
-    machines of 2 cores or fewer, where the step's own threads use every core: an extra thread there stalls the
-    step more than it hides (benchmarks/llm/bench_structured_output.py measures both)."""
+    `threaded=False` computes them on the engine thread after the forward instead. That is the default when this
+    process may use 2 CPUs or fewer (its affinity mask), where the step's own threads use every one: an extra thread
+    there stalls the step more than it hides (benchmarks/llm/bench_structured_output.py measures both)."""
 
     def __init__(self, threaded: bool | None = None) -> None:
-        self.threaded = (os.cpu_count() or 1) > 2 if threaded is None else threaded
+        self.threaded = usable_cpus() > 2 if threaded is None else threaded
         self._pool: ThreadPoolExecutor | None = None
 
     def submit(self, matchers: Sequence[LLMatcher], vocab_size: int) -> Future[tuple[torch.Tensor, dict[int, str]]]:

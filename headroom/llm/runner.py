@@ -8,7 +8,7 @@ scheduler without a model.
 from __future__ import annotations
 
 import mmap
-import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +20,14 @@ import torch
 from headroom.llm.config import DecoderConfig, EngineConfig
 from headroom.llm.kernels.paged_attention import PagedAttentionKernel, select_attention_kernel
 from headroom.llm.model import AttentionGroup, AttentionMetadata, DecoderForCausalLM
-from headroom.llm.threads import ThreadTunerConfig, ThreadTunerState, choose_threads, observe
+from headroom.llm.threads import (
+    ThreadTunerConfig,
+    ThreadTunerState,
+    choose_threads,
+    observe,
+    thread_plan,
+    usable_cpus,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,16 +77,6 @@ def resolve_device(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
     names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     dtype = names.get(cfg.dtype, torch.bfloat16 if use_cuda else torch.float32)
     return device, dtype
-
-
-def cpu_threads(requested: int, cpu_count: int) -> int:
-    """Intra-op threads to start with: `requested` if > 0; else 1 on a machine with <= 2 CPUs (an OpenMP team as
-    wide as the machine stalls badly as soon as anything else runs: a decode step measured 40 ms with 1 thread
-    vs 0.2-1.8 s with 2 on a busy 2-core box; the runner then picks per step, see `headroom.llm.threads`),
-    else 0 = leave torch's default."""
-    if requested > 0:
-        return requested
-    return 1 if cpu_count <= 2 else 0
 
 
 def prepare_model(model: DecoderForCausalLM) -> None:
@@ -193,23 +190,20 @@ def _group(
 
 
 class StepThreads:
-    """The intra-op thread count each step runs with: `num_threads` when set; else on a <= 2-CPU machine chosen
-    per step by measuring (`headroom.llm.threads`), else torch's default. Shared by the torch and native runners
-    (a native step's result never depends on its thread count, so tuning it is safe for batch invariance)."""
+    """The intra-op thread count each step runs with: `num_threads` when set; else chosen per step by measuring
+    among counts up to the CPUs this process may use (`headroom.llm.threads.thread_plan`). Shared by the torch and
+    native runners (a native step's result never depends on its thread count, so tuning it is safe for batch
+    invariance)."""
 
     def __init__(self, engine: EngineConfig, on_cpu: bool) -> None:
-        cpu_count = os.cpu_count() or 1
         self.now = 0  # what was last set (0 = nothing yet)
+        self._set_in = 0  # the thread it was set in (OpenMP counts are per calling thread)
         self._tuner: ThreadTunerConfig | None = None
         self._state = ThreadTunerState()
         if on_cpu:
-            threads = cpu_threads(engine.num_threads, cpu_count)
-            if threads:
-                torch.set_num_threads(threads)
-                self.now = threads
-            if engine.num_threads <= 0 and 1 < cpu_count <= 2:
-                self._tuner = ThreadTunerConfig((1, cpu_count), engine.wide_step_min_tokens)
-                self._tuner.validate()
+            self.now, self._tuner = thread_plan(engine.num_threads, usable_cpus())
+            torch.set_num_threads(self.now)
+            self._set_in = threading.get_ident()
 
     def means(self) -> dict[tuple[int, int], float]:
         """The tuner's running means, (step-size bucket, threads) -> seconds per token (empty: no tuner)."""
@@ -223,9 +217,9 @@ class StepThreads:
             return forward(self.now or torch.get_num_threads())
         num_tokens = sum(len(it.token_ids) for it in batch.items)
         threads = choose_threads(self._state, tuner, num_tokens)
-        if threads != self.now:
+        if threads != self.now or threading.get_ident() != self._set_in:  # e.g. the engine loop's own thread
             torch.set_num_threads(threads)
-            self.now = threads
+            self.now, self._set_in = threads, threading.get_ident()
         start = time.perf_counter()
         out = forward(threads)
         self._state = observe(self._state, tuner, num_tokens, threads, time.perf_counter() - start)
@@ -267,7 +261,7 @@ class TorchRunner:
         self.vocab_size = cfg.vocab_size
         heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim_resolved, self.block_size)
         # the C paged-attention kernel (CPU fp32) or None = torch ops (see headroom.llm.kernels.paged_attention)
-        self.attention_kernel = select_attention_kernel(engine.attention_backend, self.device, self.dtype, heads)
+        self.attention_kernel = select_attention_kernel(self.device, self.dtype, heads)
 
     @property
     def threads_now(self) -> int:

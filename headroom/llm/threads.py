@@ -1,12 +1,14 @@
-"""Intra-op threads per step on a small CPU machine, chosen by measuring (policy only; the runner applies it).
+"""Intra-op threads per step on CPU, chosen by measuring (policy only; the runner applies it).
 
-On a 2-core box a 2-thread OpenMP team is a gamble: with the other core free it speeds up big steps (32-row
-matmuls, prefill chunks) and maybe single-sequence decode; with another process on that core every OpenMP
-barrier (one per op) waits for a time slice, and a one-token step goes from ~35 ms to 0.1-1 s. Which one
-wins depends on the machine's load *now*, so the tuner keeps, per step-size bucket (tokens in the step,
-powers of two), a running mean of seconds per token for each thread count, uses the faster one, and now
-and then runs a step with the other to notice when the load changes. It starts from a fixed prior (every
-CPU for steps of at least `wide_step_min_tokens` tokens, 1 thread below), so nothing is explored blindly.
+An OpenMP team as wide as the CPUs is a gamble: with those CPUs free it speeds up big steps (32-row matmuls,
+prefill chunks) and maybe single-sequence decode; with another process on one of them every OpenMP barrier
+(one per op) waits for a time slice (on a 2-core box a one-token step went from ~35 ms to 0.1-1 s). Which
+count wins depends on the machine and its load *now*, so the candidates come from the machine (1, 2, 4, ... up
+to the CPUs this process may run on, `usable_cpus`: its affinity mask, so `taskset` and cgroup cpusets count,
+not the host's CPU count) and the tuner keeps, per step-size bucket (tokens in the step, powers of two), a
+running mean of seconds per token for each thread count, uses the fastest, and now and then runs a step with
+another to notice when the load changes. It starts from a prior (every CPU for steps of at least
+`wide_step_min_tokens` tokens, 1 thread below), so nothing is explored blindly.
 Exploration is rarer the worse the alternative measured (every `explore_every_steps` x ratio steps), which
 bounds its cost to about `explore_run_steps`/`explore_every_steps` of a step. An exploration runs the other
 count for `explore_run_steps` consecutive steps, and the first step after any change of thread count is not
@@ -16,6 +18,7 @@ probe against the wider team and kept single-sequence decode on 1 thread on a qu
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -92,3 +95,34 @@ def observe(
     means = dict(state.mean_s_per_token)
     means[(b, threads)] = new
     return replace(state, mean_s_per_token=means, steps=steps)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (`taskset`, cgroup cpusets), else the machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # platforms without sched_getaffinity (macOS)
+        return os.cpu_count() or 1
+
+
+def thread_candidates(cpus: int) -> tuple[int, ...]:
+    """The thread counts worth measuring on `cpus` CPUs: 1, 2, 4, ... below `cpus`, and `cpus` itself."""
+    if cpus < 1:
+        raise ValueError(f"cpus must be >= 1, got {cpus}")
+    counts, c = [], 1
+    while c < cpus:
+        counts.append(c)
+        c *= 2
+    return (*counts, cpus)
+
+
+def thread_plan(requested: int, cpus: int) -> tuple[int, ThreadTunerConfig | None]:
+    """(threads to start with, the tuner or None) for `num_threads` = `requested` on `cpus` usable CPUs: an
+    explicit count is used as given; 0 = auto starts on 1 thread and, with more than one CPU, tunes per step."""
+    if requested > 0:
+        return requested, None
+    if cpus <= 1:
+        return 1, None
+    tuner = ThreadTunerConfig(thread_candidates(cpus))
+    tuner.validate()
+    return 1, tuner

@@ -32,7 +32,11 @@ def test_smollm2_config_yields_engine_settings() -> None:
         ({"block_size_tokens": 0}, "block_size_tokens"),
         ({"device": "tpu"}, "use cpu, cuda or auto"),
         ({"max_num_seqs": 0}, "max_num_seqs"),
-        ({"attention_backend": "fast"}, "use auto .* torch or kernel"),
+        ({"num_threads": -1}, "num_threads must be >= 0"),
+        ({"attention_backend": "torch"}, "parameters.attention_backend: removed in session 9: the C paged-attention"),
+        ({"wide_step_min_tokens": 32}, "parameters.wide_step_min_tokens: removed .* set num_threads"),
+        ({"decode_backend": "torch"}, "parameters.decode_backend: removed in session 7"),
+        ({"kernel_decode_max_seqs": 8}, "parameters.kernel_decode_max_seqs: removed"),
     ],
 )
 def test_bad_parameters_say_what_to_fix(params: dict[str, object], message: str) -> None:

@@ -8,9 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from headroom.llm.engine import LLMEngine
+from headroom.llm.kernels import paged_attention
+from headroom.llm.kernels.build import KernelUnavailableError
 from headroom.llm.offline import LLM, build_engine
 from headroom.llm.request import SamplingParams
 from headroom.llm.runner import TorchRunner
@@ -140,11 +143,18 @@ def test_swap_preemption_matches_hf(
 
 
 def test_default_backend_is_the_kernel_and_the_torch_fallback_also_matches_hf(
-    make_tiny: MakeEngine, tiny_hf: torch.nn.Module, prompts_of_lengths: Prompts, hf_greedy: HfGreedy
+    make_tiny: MakeEngine, tiny_hf: torch.nn.Module, prompts_of_lengths: Prompts, hf_greedy: HfGreedy,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     prompts = prompts_of_lengths([1, 5, 17, 33])
     expected = [hf_greedy(tiny_hf, p, 12) for p in prompts]
-    default, fallback = make_tiny(), make_tiny(attention_backend="torch")
+    default = make_tiny()
+
+    def no_kernel() -> None:
+        raise KernelUnavailableError("no C compiler (simulated)")
+
+    monkeypatch.setattr(paged_attention, "load_kernel", no_kernel)  # a machine where the kernel cannot build
+    fallback = make_tiny()
     if shutil.which("cc") or shutil.which("gcc"):  # the HF tests above ran on the C kernel
         assert isinstance(default.runner, TorchRunner) and default.runner.attention_kernel is not None
     assert isinstance(fallback.runner, TorchRunner) and fallback.runner.attention_kernel is None

@@ -1,19 +1,12 @@
-"""The runner: CPU thread choice; attention groups (decodes apart from longer chunks) in a mixed step."""
+"""The runner: attention groups (decodes apart from longer chunks) in a mixed step."""
 
 from __future__ import annotations
 
 import torch
 
 from headroom.llm.model import build_model
-from headroom.llm.runner import BatchItem, ModelBatch, TorchRunner, build_metadata, cpu_threads, zeroed_tensors
+from headroom.llm.runner import BatchItem, ModelBatch, TorchRunner, build_metadata, zeroed_tensors
 from tests.llm.conftest import TINY, TINY_ENGINE
-
-
-def test_cpu_threads_auto_is_one_on_small_machines_and_explicit_wins() -> None:
-    assert cpu_threads(0, 2) == 1  # a 2-core box: never an OpenMP team as wide as the machine
-    assert cpu_threads(0, 1) == 1
-    assert cpu_threads(0, 16) == 0  # larger machines: torch's default
-    assert cpu_threads(3, 2) == 3  # an explicit value is used as given
 
 
 def test_mixed_step_attends_decodes_and_chunks_in_separate_groups_with_the_same_logits(

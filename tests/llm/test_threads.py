@@ -3,24 +3,36 @@ short bursts whose first step (right after the team is resized) is not measured.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from headroom.llm.threads import ThreadTunerConfig, ThreadTunerState, bucket_of, choose_threads, observe
+from headroom.llm.threads import (
+    ThreadTunerConfig,
+    ThreadTunerState,
+    bucket_of,
+    choose_threads,
+    observe,
+    thread_candidates,
+    thread_plan,
+    usable_cpus,
+)
 
 CFG = ThreadTunerConfig(candidates=(1, 2), wide_step_min_tokens=32, explore_every_steps=8, ewma_alpha=0.5)
 
 
 def _run(
-    state: ThreadTunerState, num_tokens: int, steps: int, s_per_step: dict[int, float], switch_s: float = 0.0
+    state: ThreadTunerState, num_tokens: int, steps: int, s_per_step: dict[int, float], switch_s: float = 0.0,
+    cfg: ThreadTunerConfig = CFG,
 ) -> tuple[ThreadTunerState, list[int]]:
     """`steps` steps of `num_tokens` tokens on a machine where a step takes s_per_step[threads] seconds, plus
     `switch_s` when the thread count differs from the previous step's."""
     chosen: list[int] = []
     for _ in range(steps):
-        t = choose_threads(state, CFG, num_tokens)
+        t = choose_threads(state, cfg, num_tokens)
         extra = switch_s if chosen and chosen[-1] != t else 0.0
         chosen.append(t)
-        state = observe(state, CFG, num_tokens, t, s_per_step[t] + extra)
+        state = observe(state, cfg, num_tokens, t, s_per_step[t] + extra)
     return state, chosen
 
 
@@ -72,3 +84,26 @@ def test_config_is_validated() -> None:
         ThreadTunerConfig(candidates=(1, 2), explore_every_steps=3, explore_run_steps=3).validate()
     with pytest.raises(ValueError, match="explore_run_steps"):
         ThreadTunerConfig(candidates=(1, 2), explore_run_steps=1).validate()
+
+
+def test_candidates_come_from_the_cpus_this_process_may_use() -> None:
+    assert usable_cpus() == len(os.sched_getaffinity(0))  # taskset / cpusets, not the host's count
+    assert [thread_candidates(n) for n in (1, 2, 3, 6, 16)] == [(1,), (1, 2), (1, 2, 3), (1, 2, 4, 6),
+                                                                (1, 2, 4, 8, 16)]
+    assert thread_plan(3, 16) == (3, None)  # an explicit count is used as given, never tuned
+    assert thread_plan(0, 1) == (1, None)  # one CPU: nothing to choose
+    for cpus in (2, 6, 64):
+        start, tuner = thread_plan(0, cpus)
+        assert start == 1 and tuner is not None and tuner.candidates == thread_candidates(cpus)
+    with pytest.raises(ValueError, match="cpus must be >= 1"):
+        thread_candidates(0)
+
+
+def test_the_tuner_finds_the_fastest_of_many_counts() -> None:
+    """A 8-CPU machine where 4 threads are fastest for one-token steps (8 oversubscribe a busy machine)."""
+    cfg = ThreadTunerConfig(candidates=thread_candidates(8), explore_every_steps=8, ewma_alpha=0.5)
+    state, chosen = _run(ThreadTunerState(), 1, 300, {1: 0.040, 2: 0.025, 4: 0.015, 8: 0.030}, cfg=cfg)
+    assert set(chosen) == {1, 2, 4, 8}  # every count was measured
+    # then 4, re-checking the runner-up (2) in bursts of 3 every int(8 x 0.025 / 0.015) = 13 steps
+    assert choose_threads(state, cfg, 1) == 4 and chosen[-100:].count(4) >= 75
+    assert set(chosen[-100:]) == {2, 4}

@@ -9,7 +9,7 @@ together (GQA), OpenMP across (sequence, kv head).
 Built on first use with the system C compiler into one cached library with the other kernels (see `build`);
 its OpenMP runtime is torch's, and the kernel uses torch's thread count.
 No compiler, a failed build, or a CPU/dtype it does not serve: `select_attention_kernel` returns None (torch
-path) with one log line, unless the backend was forced to `kernel`.
+path) with one log line saying why.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from headroom.llm.kernels.build import BACKENDS, KernelUnavailableError, load_library
+from headroom.llm.kernels.build import KernelUnavailableError, load_library
 
 if TYPE_CHECKING:
     from headroom.llm.model import AttentionGroup
@@ -108,15 +108,10 @@ def kernel_supports(num_heads: int, num_kv_heads: int, head_dim: int, block_size
 
 
 def select_attention_kernel(
-    backend: str, device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int, int]
+    device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int, int]
 ) -> PagedAttentionKernel | None:
-    """The kernel to use, or None for the torch path. `backend`: `auto` (the kernel when it builds and serves
-    this device/dtype/shape, else torch with one log line), `torch`, or `kernel` (raise ValueError saying why
-    it cannot be used). `shape`: (query heads, kv heads, head_dim, block_size_tokens)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"attention_backend {backend!r}: use auto, torch or kernel")
-    if backend == "torch":
-        return None
+    """The kernel when it builds and serves this device/dtype/shape, else None (the torch path; on CPU with one
+    log line saying why). `shape`: (query heads, kv heads, head_dim, block_size_tokens)."""
     why = ""
     if device.type != "cpu" or dtype != torch.float32:
         why = f"the kernel serves CPU float32 only (this model runs on {device.type} in {dtype})"
@@ -130,8 +125,6 @@ def select_attention_kernel(
             why = str(exc)
     if kernel is not None:
         return kernel
-    if backend == "kernel":
-        raise ValueError(f"attention_backend: kernel cannot be used: {why}; set attention_backend: auto or torch")
     if device.type == "cpu":  # on a GPU the torch path is the plan, not a fallback worth a log line
         log.warning("paged-attention kernel unavailable (%s): using the torch attention path", why)
     return None

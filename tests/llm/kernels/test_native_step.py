@@ -63,8 +63,9 @@ def _torch_runner(w: NativeDecoderWeights) -> TorchRunner:
             sd[f"model.layers.{li}.{hf}.weight"] = getattr(ly, attr).dequantize()
     model = build_model(CFG, {k: torch.from_numpy(np.array(v)) for k, v in sd.items()}, torch.device("cpu"),
                         torch.float32)  # fmt: skip
-    eng = EngineConfig(block_size_tokens=BS, attention_backend="torch", num_threads=1)
-    return TorchRunner(model, eng, num_blocks=NUM_BLOCKS)
+    runner = TorchRunner(model, EngineConfig(block_size_tokens=BS, num_threads=1), num_blocks=NUM_BLOCKS)
+    runner.attention_kernel = None  # the reference: torch ops only
+    return runner
 
 
 def _caches() -> list[tuple[torch.Tensor, torch.Tensor]]:
