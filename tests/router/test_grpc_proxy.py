@@ -19,6 +19,7 @@ from headroom.protocol.grpc_service import bind_grpc_server, stop_grpc_server
 from headroom.router import health as hp
 from headroom.router.grpc_proxy import SERVICE_NAME, GrpcProxy
 from headroom.router.proxy import ProxyConfig, Router
+from headroom.router.shed import VegasConfig
 from headroom.router.upstream import Upstream
 from tests.support.waiting import until
 
@@ -55,13 +56,13 @@ class EchoPlane:
 
 
 @contextlib.asynccontextmanager
-async def grpc_fleet(n: int, planes: Sequence[EchoPlane] = ()
+async def grpc_fleet(n: int, planes: Sequence[EchoPlane] = (), config: ProxyConfig | None = None
                      ) -> AsyncIterator[tuple[Router, list[tuple[EchoPlane, grpc.aio.Server]], str]]:
     planes = list(planes) or [EchoPlane(f"r{i}") for i in range(n)]
     servers = [await bind_grpc_server(p, "127.0.0.1", 0) for p in planes]
     router = Router([Upstream(p.name, "http://127.0.0.1:1", grpc_target=f"127.0.0.1:{port}")
                      for p, (_, port) in zip(planes, servers, strict=True)],
-                    ProxyConfig(policy="round_robin"), rng=random.Random(0))
+                    config or ProxyConfig(policy="round_robin"), rng=random.Random(0))
     for p in planes:  # readiness as the HTTP checker would report it
         _, router.health = hp.record_check(router.health, p.name, True, 0.0, router.config.health)
     proxy = GrpcProxy(router)
@@ -159,3 +160,26 @@ async def test_a_modelinfer_whose_replica_dies_mid_call_is_retried_elsewhere() -
         assert [(await _infer(ch, i)).model_version for i in range(2)] == ["r1", "r1"]
         assert not any(s.ready for s in router.snapshots() if s.replica_id == "r0")  # refused: no calls there
 
+
+
+async def test_the_concurrency_limit_counts_grpc_calls_in_flight() -> None:
+    """gRPC calls share the router's in-flight count and adaptive concurrency limit with HTTP requests."""
+    stuck = StuckPlane("r0")
+    config = ProxyConfig(policy="round_robin", shedding=False, adaptive_concurrency=True,
+                         vegas=VegasConfig(probe_concurrency=1))  # probing minRTT: 1 call at a time
+    async with grpc_fleet(1, [stuck], config) as (router, _planes, target), grpc.aio.insecure_channel(target) as ch:
+        held = asyncio.ensure_future(_infer(ch, 0))
+        await asyncio.wait_for(stuck.holding.wait(), 10.0)
+        assert router.inflight == 1
+        try:
+            await _infer(ch, 1)
+        except grpc.aio.AioRpcError as err:
+            assert err.code() == grpc.StatusCode.UNAVAILABLE and "concurrency limit 1" in (err.details() or "")
+            assert dict(err.trailing_metadata() or ())["retry-after"] == "1"
+        else:
+            raise AssertionError("the second call must be refused while the first is held")
+        assert router.counters["limited"] == 1 and router.counters["requests"] == 2
+        held.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await held
+        await until(lambda: router.inflight == 0 and router.replicas["r0"].outstanding == 0, "the call released")
