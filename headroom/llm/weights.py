@@ -23,13 +23,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from headroom.llm.config import DecoderConfig
 from headroom.llm.gguf_file import GGUFFile, read_gguf
+
+if TYPE_CHECKING:
+    import torch  # the fp32 reference only: imported where it loads tensors, never by the native path
 
 GGUF_ARCHES = ("llama", "qwen2")
 FP32_FILE = "model.safetensors"  # the fp32 reference weights in a GGUF's cache (weight_dtype: fp32 only)
@@ -280,6 +282,7 @@ def row_order(gguf_name: str, cfg: DecoderConfig, arch: str) -> np.ndarray | Non
 
 def gguf_state_dict(gguf: GGUFFile, cfg: DecoderConfig) -> dict[str, torch.Tensor]:
     """Dequantise every tensor to fp32 under its Hugging Face name (the fp32 reference mode)."""
+    import torch
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 

@@ -75,9 +75,9 @@ def test_default_serves_the_gguf_natively_close_to_the_fp32_reference(
     assert report.quality.startswith("quality of gguf:Q4_1+Q8_0")  # what the server logs at start
     prompt = _prompt(engine, CHATS[0])
     item = BatchItem("p", tuple(prompt), 0, tuple(range(-(-len(prompt) // 16))), True, num_logits=len(prompt))
-    native = engine.runner.execute(ModelBatch((item,), 16))
+    native = torch.from_numpy(engine.runner.execute(ModelBatch((item,), 16)))
     reference = build_engine(smollm2.config, smollm2.state_dict, replace(BASE, kv_cache_memory_mb=16))
-    fp32 = reference.runner.execute(ModelBatch((item,), 16))
+    fp32 = torch.from_numpy(reference.runner.execute(ModelBatch((item,), 16)))
     cosine = torch.nn.functional.cosine_similarity(native, fp32, dim=-1)
     agree = (native.argmax(-1) == fp32.argmax(-1)).float().mean()
     print(f"native vs fp32, {len(prompt)} positions: cosine mean {cosine.mean():.5f} min {cosine.min():.5f}, {agree=}")
