@@ -116,6 +116,7 @@ def main() -> None:
         "included (the compiled kernel library stays in $HEADROOM_CACHE_DIR/kernels)",
     )  # fmt: skip
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--label", default="", help="what code ran (e.g. a commit), stored in the result and its file name")
     args = ap.parse_args()
     dtypes = args.weight_dtypes.split(",")
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "headroom")], check=True)
@@ -143,6 +144,7 @@ def main() -> None:
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "what": "headroom serve --model smollm2: process start to /v2/health/ready, "
         + ("first start: empty model cache" if args.first_start else "model cache present"),
+        "label": args.label,
         "target_s": 2.0,
         "ready_s_median": medians,
         "cpu_s_median": cpu_medians,  # the server process's CPU seconds at ready
@@ -154,7 +156,7 @@ def main() -> None:
         },
     }
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = Path(args.out) / f"llm_cold_start_{stamp}.json"
+    path = Path(args.out) / f"llm_cold_start_{stamp}{'_' + args.label if args.label else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
     for wd, med in medians.items():
