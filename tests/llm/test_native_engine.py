@@ -102,6 +102,19 @@ def test_tokens_and_logprobs_identical_alone_beside_31_others_chunked_and_preemp
         assert eng.kv.num_free_blocks == eng.kv.num_blocks
 
 
+def test_swap_preemption_of_the_numpy_pool_keeps_tokens_and_logprobs(default_engine: tuple[LLMEngine, Any]) -> None:
+    """Preempted by SWAP (K/V blocks copied out of the numpy pool and back into other blocks), the target's
+    tokens and logprobs are those it gets alone."""
+    engine, _ = default_engine
+    alone = _target(engine, [])
+    swapping, _ = load_engine(DEFAULT_MODEL, replace(BASE, kv_cache_memory_mb=12 * 16 * 30 * 2 * 3 * 64 * 4 / 2**20,
+                                                     swap_space_mb=64.0, enable_prefix_caching=False))
+    assert swapping.kv.num_blocks == 12
+    assert _target(swapping, _others(swapping, 7)) == alone
+    assert swapping.scheduler.num_swaps > 0
+    assert swapping.kv.num_free_blocks == swapping.kv.num_blocks
+
+
 def test_native_greedy_text_on_four_prompts_equals_one_at_a_time(default_engine: tuple[LLMEngine, Any]) -> None:
     engine, _ = default_engine
     prompts = [_prompt(engine, c) for c in CHATS]
