@@ -21,9 +21,11 @@ runs = [
     SamplingParams(temperature=0.8, top_p=0.9, top_k=40, min_p=0.01, seed=7, max_tokens=6, repetition_penalty=1.1,
                    presence_penalty=0.5, frequency_penalty=0.2, logit_bias=((28, -5.0),), logprobs=1),
     SamplingParams(temperature=0.7, seed=3, max_tokens=32, grammar=schema_grammar(schema, "s")),
+    SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),  # plain greedy: n-gram drafts verified
 ]
 texts = [llm.generate(["The capital of France is"], p)[0].outputs[0].text for p in runs]
-print(json.dumps({"runner": type(llm.engine.runner).__name__, "texts": texts, "torch": "torch" in sys.modules}))
+print(json.dumps({"runner": type(llm.engine.runner).__name__, "texts": texts, "torch": "torch" in sys.modules,
+                  "drafted": llm.engine.spec_draft_tokens}))
 """
 
 
@@ -41,6 +43,7 @@ def test_the_native_engine_serves_without_importing_torch() -> None:
     texts = native["texts"]
     assert isinstance(texts, list) and all(isinstance(t, str) and t for t in texts)
     assert json.loads(texts[2])["a"] in (1, 2, 3)  # the grammar's masks applied without torch
+    assert isinstance(native["drafted"], int) and native["drafted"] > 0  # speculative verification ran too
 
 
 def test_the_fp32_reference_is_what_imports_torch() -> None:
