@@ -17,11 +17,10 @@ import asyncio
 import contextlib
 import itertools
 import queue
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-
-import torch
 
 from headroom.core.errors import HeadroomError, NotReady
 from headroom.llm.engine import LLMEngine
@@ -179,7 +178,8 @@ class AsyncLLMEngine:
                 self._streams.pop(parent, None)
 
     def _run(self) -> None:
-        if self.engine.config.num_threads > 0:  # OpenMP thread counts are per calling thread: set it here too
+        torch = sys.modules.get("torch")  # the fp32 runner's torch (the native runner takes a count per step)
+        if torch is not None and self.engine.config.num_threads > 0:  # OpenMP counts are per calling thread
             torch.set_num_threads(self.engine.config.num_threads)
         try:
             while not self._stopping.is_set():

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from headroom.llm.config import DecoderConfig, EngineConfig
 from headroom.llm.kv_cache import KVCacheManager
-from headroom.llm.runner import BatchItem, ModelBatch, Runner
 from headroom.llm.spec_decode import DraftQuery
+from headroom.llm.step_batch import BatchItem, ModelBatch, Runner
 from headroom.llm.tokenizer import Tokenizer
 
 

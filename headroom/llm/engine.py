@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
+import numpy as np
 
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import ContextLengthExceeded, HeadroomError, InvalidRequest, RateLimited
@@ -32,10 +32,10 @@ from headroom.llm.request import (
     SequenceOutput,
     TokenLogprob,
 )
-from headroom.llm.runner import BatchItem, ModelBatch, Runner
 from headroom.llm.sampler import SamplingError, sample
 from headroom.llm.scheduler import Scheduler, SchedulerLimits
 from headroom.llm.spec_decode import DraftProposer, verify_greedy
+from headroom.llm.step_batch import BatchItem, ModelBatch, Runner
 from headroom.llm.stopping import check_stop
 from headroom.llm.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -161,7 +161,7 @@ class LLMEngine:
         for i in range(params.n):
             seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
             seed = params.seed + i if params.seed is not None else self._rng.getrandbits(63)
-            gen = None if params.greedy else torch.Generator().manual_seed(seed)
+            gen = None if params.greedy else np.random.default_rng(seed % 2**64)  # numpy takes seeds >= 0
             self._seq_no += 1
             req = Request(
                 request_id=seq_id,
@@ -264,7 +264,7 @@ class LLMEngine:
             if not s.samples:
                 continue
             rows = logits[row : row + 1 + len(s.draft_token_ids)]
-            if s.draft_token_ids and not bool(torch.isfinite(rows.max(-1).values).all()):
+            if s.draft_token_ids and not bool(np.isfinite(rows.max(-1)).all()):
                 failed[req.request_id] = (req, SamplingError("the model produced non-finite logits for this sequence"))
             elif s.draft_token_ids:
                 toks, n_ok = verify_greedy(rows, s.draft_token_ids)

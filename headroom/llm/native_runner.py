@@ -4,7 +4,8 @@ The weights stay in the file's formats (`headroom.llm.native_weights`); `headroo
 whole step (embedding, every layer, the lm_head rows that are asked for) for any mix of prefill chunks and
 decodes, with per-row block-quantised activations and reductions in a fixed order, so a sequence's logits do
 not depend on what else is in the step, how its prompt was chunked or how many threads ran it. The K/V pool
-is the torch runner's (fp32, head-major, one zeroed mapping), so swapping and preemption work the same.
+is numpy arrays (fp32, head-major, one zeroed mapping, `headroom.llm.kv_pool`), as the torch runner's layout, so
+swapping and preemption work the same. Nothing here imports torch.
 
 If the kernel library cannot be built here the runner refuses to start, saying how to fix it: the slow
 reference arithmetic (`quant_blocks`) is a test oracle, never a silent fallback.
@@ -15,12 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from headroom.llm.config import DecoderConfig, EngineConfig
 from headroom.llm.kernels.build import KernelUnavailableError
+from headroom.llm.kv_pool import allocate_kv_arrays, swap_in_blocks, swap_out_blocks
 from headroom.llm.native_weights import NativeCheckpoint
-from headroom.llm.runner import ModelBatch, StepThreads, allocate_kv_pool, swap_in_blocks, swap_out_blocks
+from headroom.llm.step_batch import ModelBatch
+from headroom.llm.step_threads import StepThreads
 
 if TYPE_CHECKING:
     from headroom.llm.kernels.native import NativeDecoderWeights
@@ -40,9 +43,7 @@ class NativeRunner:
         self.weight_format = ckpt.weight_format
         self.threads = StepThreads(engine, on_cpu=True)
         self.block_size = engine.block_size_tokens
-        self.num_blocks, self.kv_bytes_per_block, self.kv_caches = allocate_kv_pool(
-            cfg, engine, torch.float32, torch.device("cpu"), num_blocks
-        )
+        self.num_blocks, self.kv_bytes_per_block, self.kv_caches = allocate_kv_arrays(cfg, engine, num_blocks)
         self.vocab_size = cfg.vocab_size
         try:
             lib = load_library()
@@ -60,7 +61,7 @@ class NativeRunner:
         """The thread count the last step ran with (0 = never set by this runner)."""
         return self.threads.now
 
-    def execute(self, batch: ModelBatch) -> torch.Tensor:
+    def execute(self, batch: ModelBatch) -> np.ndarray:
         return self.threads.run(batch, lambda threads: self.kernel.step(batch, threads))
 
     def swap_out(self, block_ids: Sequence[int]) -> object:

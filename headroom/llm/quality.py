@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from headroom.llm.runner import BatchItem, ModelBatch, Runner
+from headroom.llm.step_batch import BatchItem, ModelBatch, Runner
 
 CORPUS = Path(__file__).parent / "corpus" / "alice.txt"  # the shipped held-out text (README beside it)
 RESULT_FILE = "quality.json"  # in the GGUF's cache directory: weight format -> QualityResult
@@ -100,11 +99,12 @@ def teacher_forced(
         n, first = len(chunk), len(chunk) // 2  # score targets chunk[first:]
         table = tuple(range(-(-n // block_size_tokens)))
         item = BatchItem("quality", tuple(chunk), 0, table, needs_logits=True, num_logits=n - first + 1)
-        logits = runner.execute(ModelBatch((item,), block_size_tokens))[:-1].double()
-        targets = torch.tensor(chunk[first:], dtype=torch.long)
-        logp = torch.log_softmax(logits, dim=-1)
-        nll.append(-logp.gather(1, targets[:, None])[:, 0].numpy())
-        top1.append(logits.argmax(-1).numpy())
+        logits = runner.execute(ModelBatch((item,), block_size_tokens))[:-1].astype(np.float64)
+        targets = np.asarray(chunk[first:], dtype=np.int64)
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        lse = np.log(np.exp(shifted).sum(axis=-1))
+        nll.append(lse - shifted[np.arange(len(targets)), targets])
+        top1.append(logits.argmax(-1))
         if on_window is not None:
             on_window()
     return TeacherForced(np.concatenate(nll), np.concatenate(top1).astype(np.int64))

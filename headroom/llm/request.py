@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+import numpy as np
 
 from headroom.llm.validation import TEMPERATURE_GREEDY_BELOW, check_range
 
@@ -94,7 +94,7 @@ class Request:
     token_ids: list[int] = field(default_factory=list)  # prompt + output so far
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
-    generator: torch.Generator | None = None  # per-request RNG for sampling
+    generator: np.random.Generator | None = None  # per-request RNG for sampling (seeded; None when greedy)
     text: str = ""  # detokenised output so far (stop strings removed)
     finish_reason: FinishReason | None = None  # set when finished
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, when asked

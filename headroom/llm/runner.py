@@ -7,76 +7,35 @@ scheduler without a model.
 
 from __future__ import annotations
 
-import mmap
-import threading
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol, cast
+from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import torch
 
 from headroom.llm.config import DecoderConfig, EngineConfig
+from headroom.llm.device import resolve_placement
 from headroom.llm.kernels.paged_attention import PagedAttentionKernel, select_attention_kernel
+from headroom.llm.kv_pool import kv_block_bytes, pool_blocks, zero_mapping
 from headroom.llm.model import AttentionGroup, AttentionMetadata, DecoderForCausalLM
-from headroom.llm.threads import (
-    ThreadTunerConfig,
-    ThreadTunerState,
-    choose_threads,
-    observe,
-    thread_plan,
-    usable_cpus,
-)
+from headroom.llm.step_batch import BatchItem, ModelBatch, Runner
+from headroom.llm.step_threads import StepThreads
 
-
-@dataclass(frozen=True, slots=True)
-class BatchItem:
-    """One sequence's part of a forward pass."""
-
-    request_id: str  # the sequence
-    token_ids: tuple[int, ...]  # new tokens to run
-    start_position: int  # position of the first new token (tokens before it are in the cache)
-    block_table: tuple[int, ...]  # the sequence's cache blocks, covering start_position + len(token_ids)
-    needs_logits: bool  # return logits after the last new token
-    num_logits: int = 1  # with needs_logits: rows for the last this-many tokens (speculative verification)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelBatch:
-    """A flat step: many sequences' new tokens."""
-
-    items: tuple[BatchItem, ...]  # in batch order; logits come back in this order (needs_logits only)
-    block_size_tokens: int  # tokens per cache block
-
-
-class Runner(Protocol):
-    """Runs one step; returns fp32 logits [sum of num_logits over items with needs_logits, vocab]."""
-
-    num_blocks: int  # cache blocks the runner preallocated
-    vocab_size: int  # logits width
-    kv_bytes_per_block: int  # bytes one block holds (all layers, K and V)
-
-    def execute(self, batch: ModelBatch) -> torch.Tensor: ...
-
-    def swap_out(self, block_ids: Sequence[int]) -> object:
-        """Copy these blocks' K/V to host memory; returns the host copy."""
-        ...
-
-    def swap_in(self, host_copy: object, block_ids: Sequence[int]) -> None:
-        """Copy a host copy back into these (new) blocks."""
-        ...
+__all__ = [  # BatchItem, ModelBatch, Runner and StepThreads live in torch-free modules; re-exported for callers
+    "BatchItem", "ModelBatch", "Runner", "StepThreads", "TorchRunner", "allocate_kv_pool", "build_metadata",
+    "kv_bytes_per_block", "prepare_model", "resolve_device", "swap_in_blocks", "swap_out_blocks",
+    "zeroed_tensors",
+]
 
 
 def resolve_device(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
-    """Pick device and dtype: CPU fp32 by default, CUDA bf16 when asked for (or `auto` and present)."""
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    if use_cuda and not torch.cuda.is_available():
+    """Pick device and dtype (`device.resolve_placement`) as torch objects; raises when `device: cuda` is asked
+    for and torch sees no GPU."""
+    placement = resolve_placement(cfg)
+    if placement.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device: cuda requested but torch sees no GPU; use device: cpu or auto")
-    device = torch.device("cuda" if use_cuda else "cpu")
     names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    dtype = names.get(cfg.dtype, torch.bfloat16 if use_cuda else torch.float32)
-    return device, dtype
+    return torch.device(placement.device), names[placement.dtype]
 
 
 def prepare_model(model: DecoderForCausalLM) -> None:
@@ -87,22 +46,18 @@ def prepare_model(model: DecoderForCausalLM) -> None:
 
 def kv_bytes_per_block(cfg: DecoderConfig, block_size_tokens: int, dtype: torch.dtype) -> int:
     """Bytes one block takes across all layers (K and V)."""
-    elem = torch.tensor([], dtype=dtype).element_size()
-    return 2 * cfg.num_hidden_layers * block_size_tokens * cfg.num_key_value_heads * cfg.head_dim_resolved * elem
+    return kv_block_bytes(cfg, block_size_tokens, dtype.itemsize)
 
 
 def zeroed_tensors(
     shape: tuple[int, ...], count: int, dtype: torch.dtype, device: torch.device
 ) -> list[torch.Tensor]:
-    """`count` zero tensors of `shape`. On the CPU they are views of ONE private anonymous mapping: the kernel
-    hands out zero pages on first touch, so reserving a 512 MiB K/V pool costs microseconds instead of the
-    ~0.3 s of writing zeros (a tenth of the LLM's cold start); blocks are paid for as they are first written.
-    Zeros, not torch.empty: attention over a partly filled block must never read NaN garbage."""
+    """`count` zero tensors of `shape`. On the CPU they are views of ONE private anonymous mapping
+    (`kv_pool.zero_mapping`: zero pages on first touch, so reserving the pool costs microseconds)."""
     if device.type != "cpu":
         return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(count)]
     numel = int(np.prod(shape))
-    buffer = mmap.mmap(-1, numel * dtype.itemsize * count, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    flat = torch.frombuffer(buffer, dtype=dtype)  # keeps `buffer` alive as long as any view exists
+    flat = torch.frombuffer(zero_mapping(numel * dtype.itemsize * count), dtype=dtype)  # the views keep the map
     return [flat[i * numel : (i + 1) * numel].view(shape) for i in range(count)]
 
 
@@ -189,54 +144,12 @@ def _group(
     )
 
 
-class StepThreads:
-    """The intra-op thread count each step runs with: `num_threads` when set; else chosen per step by measuring
-    among counts up to the CPUs this process may use (`headroom.llm.threads.thread_plan`). Shared by the torch and
-    native runners (a native step's result never depends on its thread count, so tuning it is safe for batch
-    invariance)."""
-
-    def __init__(self, engine: EngineConfig, on_cpu: bool) -> None:
-        self.now = 0  # what was last set (0 = nothing yet)
-        self._set_in = 0  # the thread it was set in (OpenMP counts are per calling thread)
-        self._tuner: ThreadTunerConfig | None = None
-        self._state = ThreadTunerState()
-        if on_cpu:
-            self.now, self._tuner = thread_plan(engine.num_threads, usable_cpus())
-            torch.set_num_threads(self.now)
-            self._set_in = threading.get_ident()
-
-    def means(self) -> dict[tuple[int, int], float]:
-        """The tuner's running means, (step-size bucket, threads) -> seconds per token (empty: no tuner)."""
-        return dict(self._state.mean_s_per_token)
-
-    def run(self, batch: ModelBatch, forward: Callable[[int], torch.Tensor]) -> torch.Tensor:
-        """`forward(threads)` with the chosen thread count (set in the calling thread: OpenMP counts are per
-        thread), timed for the tuner."""
-        tuner = self._tuner
-        if tuner is None:
-            return forward(self.now or torch.get_num_threads())
-        num_tokens = sum(len(it.token_ids) for it in batch.items)
-        threads = choose_threads(self._state, tuner, num_tokens)
-        if threads != self.now or threading.get_ident() != self._set_in:  # e.g. the engine loop's own thread
-            torch.set_num_threads(threads)
-            self.now, self._set_in = threads, threading.get_ident()
-        start = time.perf_counter()
-        out = forward(threads)
-        self._state = observe(self._state, tuner, num_tokens, threads, time.perf_counter() - start)
-        return out
-
-
 def allocate_kv_pool(
     cfg: DecoderConfig, engine: EngineConfig, dtype: torch.dtype, device: torch.device, num_blocks: int | None
 ) -> tuple[int, int, list[tuple[torch.Tensor, torch.Tensor]]]:
     """(blocks, bytes per block, per-layer (K, V) caches `[Hkv, slots, D]`, head-major, zeroed) for a pool of
     `num_blocks` blocks, or by default as many as `engine.kv_cache_memory_mb` holds."""
-    per_block = kv_bytes_per_block(cfg, engine.block_size_tokens, dtype)
-    blocks = num_blocks if num_blocks is not None else int(engine.kv_cache_memory_mb * 2**20 // per_block)
-    if blocks < 1:
-        raise ValueError(
-            f"kv_cache_memory_mb={engine.kv_cache_memory_mb} holds no block of {per_block} bytes; raise it"
-        )
+    blocks, per_block = pool_blocks(cfg, engine, dtype.itemsize, num_blocks)
     shape = (cfg.num_key_value_heads, blocks * engine.block_size_tokens, cfg.head_dim_resolved)
     pool = zeroed_tensors(shape, 2 * cfg.num_hidden_layers, dtype, device)
     return blocks, per_block, [(pool[2 * i], pool[2 * i + 1]) for i in range(cfg.num_hidden_layers)]
@@ -252,7 +165,7 @@ class TorchRunner:
         cfg = model.config
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.threads = StepThreads(engine, self.device.type == "cpu")
+        self.threads = StepThreads(engine, self.device.type == "cpu", torch.set_num_threads, torch.get_num_threads)
         prepare_model(model)
         self.block_size = engine.block_size_tokens
         self.num_blocks, self.kv_bytes_per_block, self.kv_caches = allocate_kv_pool(
@@ -272,8 +185,8 @@ class TorchRunner:
         """The thread tuner's running means, (step-size bucket, threads) -> seconds per token (empty: no tuner)."""
         return self.threads.means()
 
-    def execute(self, batch: ModelBatch) -> torch.Tensor:
-        return self.threads.run(batch, lambda _threads: self._forward(batch))
+    def execute(self, batch: ModelBatch) -> np.ndarray:
+        return self.threads.run(batch, lambda _threads: self._forward(batch).numpy())
 
     def _forward(self, batch: ModelBatch) -> torch.Tensor:
         ids, pos, meta, logits_idx = build_metadata(batch, self.device, self.attention_kernel)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
+import numpy as np
 
 from headroom.llm.request import Request, SamplingParams
 
@@ -76,7 +76,7 @@ def propose_ngram(token_ids: Sequence[int], num_tokens: int, max_ngram: int = 3,
     return ()
 
 
-def verify_greedy(logits: torch.Tensor, draft: Sequence[int]) -> tuple[list[int], int]:
+def verify_greedy(logits: np.ndarray, draft: Sequence[int]) -> tuple[list[int], int]:
     """Rows are the logits after the last real token and after each draft token ([1 + len(draft), V]).
 
     Returns (tokens to append, number of draft tokens accepted): the accepted drafts, then the model's own

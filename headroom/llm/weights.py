@@ -23,13 +23,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from headroom.llm.config import DecoderConfig
 from headroom.llm.gguf_file import GGUFFile, read_gguf
+
+if TYPE_CHECKING:
+    import torch  # the fp32 reference only: imported where it loads tensors, never by the native path
 
 GGUF_ARCHES = ("llama", "qwen2")
 FP32_FILE = "model.safetensors"  # the fp32 reference weights in a GGUF's cache (weight_dtype: fp32 only)
@@ -280,6 +282,7 @@ def row_order(gguf_name: str, cfg: DecoderConfig, arch: str) -> np.ndarray | Non
 
 def gguf_state_dict(gguf: GGUFFile, cfg: DecoderConfig) -> dict[str, torch.Tensor]:
     """Dequantise every tensor to fp32 under its Hugging Face name (the fp32 reference mode)."""
+    import torch
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -301,8 +304,11 @@ def gguf_state_dict(gguf: GGUFFile, cfg: DecoderConfig) -> dict[str, torch.Tenso
 
 
 def _convert_gguf(path: Path, cache: Path) -> None:
-    """Write the cache's config and tokenizer files (atomically: a temp directory renamed into place)."""
-    gguf = read_gguf(path)
+    """Write the cache's config and tokenizer files (atomically: a temp directory renamed into place); the header
+    is parsed once, with the tokenizer's arrays."""
+    from headroom.llm.gguf_tokenizer import TOKENIZER_ARRAYS
+
+    gguf = read_gguf(path, TOKENIZER_ARRAYS)
     cfg = gguf_decoder_config(gguf)
     tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -325,12 +331,12 @@ def _write_fp32(path: Path, cache: Path) -> None:
     os.replace(tmp, cache / FP32_FILE)
 
 
-def _convert_gguf_tokenizer(path: Path, gguf: GGUFFile, out: Path) -> None:
-    """Write `tokenizer.json` and `tokenizer_config.json` from GGUF metadata: byte-level BPE vocabularies directly
-    (`gguf_tokenizer`, ~0.5 s), others with transformers' offline GGUF converter (~10 s, mostly its import)."""
-    from headroom.llm.gguf_tokenizer import TOKENIZER_ARRAYS, byte_level_tokenizer_json, special_token_text
+def _convert_gguf_tokenizer(path: Path, full: GGUFFile, out: Path) -> None:
+    """Write `tokenizer.json` and `tokenizer_config.json` from GGUF metadata (`full`: read with the tokenizer's
+    arrays): byte-level BPE vocabularies directly (`gguf_tokenizer`, ~0.5 s), others with transformers' offline GGUF
+    converter (~10 s, mostly its import)."""
+    from headroom.llm.gguf_tokenizer import byte_level_tokenizer_json, special_token_text
 
-    full = read_gguf(path, TOKENIZER_ARRAYS)
     direct = byte_level_tokenizer_json(full)
     if direct is not None:
         (out / "tokenizer.json").write_text(direct)
@@ -343,9 +349,9 @@ def _convert_gguf_tokenizer(path: Path, gguf: GGUFFile, out: Path) -> None:
         tok.backend_tokenizer.save(str(out / "tokenizer.json"))
         bos, eos = tok.bos_token or "", tok.eos_token or ""
     meta = {
-        "chat_template": gguf.get("tokenizer.chat_template", "") or "",
+        "chat_template": full.get("tokenizer.chat_template", "") or "",
         "bos_token": bos,
         "eos_token": eos,
-        "add_bos_token": bool(gguf.get("tokenizer.ggml.add_bos_token", False)),
+        "add_bos_token": bool(full.get("tokenizer.ggml.add_bos_token", False)),
     }
     (out / "tokenizer_config.json").write_text(json.dumps(meta, indent=1))

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
+import numpy as np
 import pytest
 import torch
 
@@ -148,7 +149,7 @@ class FakeRunner:
             return ctx[-self.period] if len(ctx) >= self.period else 1 + len(ctx) % (self.vocab_size - 1)
         return (sum((p + 1) * t for p, t in enumerate(ctx)) * 31 + 7) % (self.vocab_size - 1) + 1
 
-    def execute(self, batch: ModelBatch) -> torch.Tensor:
+    def execute(self, batch: ModelBatch) -> np.ndarray:
         self.batches.append(batch)
         bs = batch.block_size_tokens
         rows = []
@@ -160,10 +161,10 @@ class FakeRunner:
                 end = it.start_position + len(it.token_ids)
                 for stop in range(end - it.num_logits + 1, end + 1):
                     ctx = [self.slots[it.block_table[p // bs] * bs + p % bs] for p in range(stop)]
-                    row = torch.zeros(self.vocab_size)
+                    row = np.zeros(self.vocab_size, dtype=np.float32)
                     row[self.next_token(ctx)] = 10.0
                     rows.append(row)
-        return torch.stack(rows) if rows else torch.zeros(0, self.vocab_size)
+        return np.stack(rows) if rows else np.zeros((0, self.vocab_size), dtype=np.float32)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import torch
+import numpy as np
 
 from headroom.core.clock import FakeClock
 from headroom.llm.async_engine import AsyncLLMEngine
@@ -47,12 +47,12 @@ async def test_a_stream_closed_during_a_step_is_aborted_at_that_steps_end(fake_r
     entered, release, progressed = threading.Event(), threading.Event(), threading.Event()
     steps_after: list[int] = []  # set to the step count to wait for
 
-    def gated(batch: ModelBatch) -> torch.Tensor:
+    def gated(batch: ModelBatch) -> np.ndarray:
         # hold the first step that runs both requests: the step in flight when the client goes away
         if not entered.is_set() and {it.request_id for it in batch.items} >= {"gone", "stays"}:
             entered.set()
             release.wait(WAIT_S)
-        out: torch.Tensor = execute(batch)
+        out: np.ndarray = execute(batch)
         if steps_after and len(runner.batches) >= steps_after[0]:
             progressed.set()
         return out

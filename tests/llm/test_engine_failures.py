@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
-import torch
 
 from headroom.core.clock import FakeClock
 from headroom.core.errors import HeadroomError, InvalidRequest
@@ -30,8 +30,8 @@ def _poisoning(fake_runner: Callable[..., Any], bad: str, value: float) -> Any:
     runner = fake_runner(64, vocab_size=VOCAB)
     execute = runner.execute
 
-    def poisoned(batch: ModelBatch) -> torch.Tensor:
-        logits: torch.Tensor = execute(batch)
+    def poisoned(batch: ModelBatch) -> np.ndarray:
+        logits: np.ndarray = execute(batch)
         row = 0
         for it in batch.items:
             if it.needs_logits:

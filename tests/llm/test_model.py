@@ -19,4 +19,4 @@ def test_fused_projections_match_unfused(tiny_state: dict[str, torch.Tensor]) ->
     fused = runner.execute(batch)
     runner.model = plain  # same cache layout, unfused layers
     unfused = runner.execute(batch)
-    torch.testing.assert_close(fused, unfused, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.from_numpy(fused), torch.from_numpy(unfused), rtol=1e-4, atol=1e-4)

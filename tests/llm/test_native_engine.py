@@ -75,9 +75,9 @@ def test_default_serves_the_gguf_natively_close_to_the_fp32_reference(
     assert report.quality.startswith("quality of gguf:Q4_1+Q8_0")  # what the server logs at start
     prompt = _prompt(engine, CHATS[0])
     item = BatchItem("p", tuple(prompt), 0, tuple(range(-(-len(prompt) // 16))), True, num_logits=len(prompt))
-    native = engine.runner.execute(ModelBatch((item,), 16))
+    native = torch.from_numpy(engine.runner.execute(ModelBatch((item,), 16)))
     reference = build_engine(smollm2.config, smollm2.state_dict, replace(BASE, kv_cache_memory_mb=16))
-    fp32 = reference.runner.execute(ModelBatch((item,), 16))
+    fp32 = torch.from_numpy(reference.runner.execute(ModelBatch((item,), 16)))
     cosine = torch.nn.functional.cosine_similarity(native, fp32, dim=-1)
     agree = (native.argmax(-1) == fp32.argmax(-1)).float().mean()
     print(f"native vs fp32, {len(prompt)} positions: cosine mean {cosine.mean():.5f} min {cosine.min():.5f}, {agree=}")
@@ -100,6 +100,19 @@ def test_tokens_and_logprobs_identical_alone_beside_31_others_chunked_and_preemp
     assert tiny_pool.scheduler.num_preemptions > 0
     for eng in (chunked, tiny_pool):
         assert eng.kv.num_free_blocks == eng.kv.num_blocks
+
+
+def test_swap_preemption_of_the_numpy_pool_keeps_tokens_and_logprobs(default_engine: tuple[LLMEngine, Any]) -> None:
+    """Preempted by SWAP (K/V blocks copied out of the numpy pool and back into other blocks), the target's
+    tokens and logprobs are those it gets alone."""
+    engine, _ = default_engine
+    alone = _target(engine, [])
+    swapping, _ = load_engine(DEFAULT_MODEL, replace(BASE, kv_cache_memory_mb=12 * 16 * 30 * 2 * 3 * 64 * 4 / 2**20,
+                                                     swap_space_mb=64.0, enable_prefix_caching=False))
+    assert swapping.kv.num_blocks == 12
+    assert _target(swapping, _others(swapping, 7)) == alone
+    assert swapping.scheduler.num_swaps > 0
+    assert swapping.kv.num_free_blocks == swapping.kv.num_blocks
 
 
 def test_native_greedy_text_on_four_prompts_equals_one_at_a_time(default_engine: tuple[LLMEngine, Any]) -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from headroom.llm.config import EngineConfig
 from headroom.llm.native_weights import load_native
@@ -37,13 +36,13 @@ def test_blocks_dequantise_to_the_fp32_reference_weights(smollm2: LoadedCheckpoi
 
 def test_weight_mode_native_for_gguf_on_cpu_else_fp32(tmp_path: Path) -> None:
     gguf = resolve_model_path(DEFAULT_MODEL)
-    cpu = torch.device("cpu")
+    cpu = "cpu"
     assert weight_mode(EngineConfig(), cpu, gguf) == "native"
     assert weight_mode(EngineConfig(weight_dtype="fp32"), cpu, gguf) == "fp32"
     assert weight_mode(EngineConfig(), cpu, tmp_path) == "fp32"  # an HF directory
-    assert weight_mode(EngineConfig(), torch.device("cuda"), gguf) == "fp32"  # bf16 on a GPU, as before
+    assert weight_mode(EngineConfig(), "cuda", gguf) == "fp32"  # bf16 on a GPU, as before
     with pytest.raises(ValueError, match="CPU only"):
-        weight_mode(EngineConfig(weight_dtype="native"), torch.device("cuda"), gguf)
+        weight_mode(EngineConfig(weight_dtype="native"), "cuda", gguf)
     with pytest.raises(ValueError, match=r"GGUF files only.*weight_dtype: fp32"):
         load_native(str(tmp_path))
     with pytest.raises(ValueError, match="weight_dtype 'int8'"):

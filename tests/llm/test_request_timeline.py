@@ -7,8 +7,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
-import torch
 
 from headroom.core.clock import FakeClock
 from headroom.core.server_timing import parse_server_timing
@@ -27,9 +27,9 @@ def _ticking_engine(fake_runner: Callable[..., Any], clock: FakeClock, **kw: Any
     runner = fake_runner(64)
     inner = runner.execute
 
-    def execute(batch: ModelBatch) -> torch.Tensor:
+    def execute(batch: ModelBatch) -> np.ndarray:
         clock.advance(1.0)
-        out: torch.Tensor = inner(batch)
+        out: np.ndarray = inner(batch)
         return out
 
     runner.execute = execute

@@ -32,13 +32,13 @@ def test_mixed_step_attends_decodes_and_chunks_in_separate_groups_with_the_same_
     assert chunks.query_index.shape == (1, 5) and chunks.query_slice == (1, 6)
     assert decodes.mask_bias.shape[-1] == 48 and chunks.mask_bias.shape[-1] == 16  # each group its own keys
     assert not meta.padded_is_flat
-    mixed = runner.execute(batch)
-    alone = torch.cat([runner.execute(ModelBatch((it,), 16)) for it in items])
+    mixed = torch.from_numpy(runner.execute(batch))
+    alone = torch.cat([torch.from_numpy(runner.execute(ModelBatch((it,), 16))) for it in items])
     torch.testing.assert_close(mixed, alone, rtol=1e-5, atol=1e-5)
     decode_only = ModelBatch((items[0], items[2]), 16)
     _, _, meta, _ = build_metadata(decode_only, torch.device("cpu"))
     assert len(meta.groups) == 1 and meta.groups[0].query_slice == (0, 2) and meta.padded_is_flat
-    torch.testing.assert_close(runner.execute(decode_only), alone[[0, 6]], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(runner.execute(decode_only)), alone[[0, 6]], rtol=1e-5, atol=1e-5)
 
 
 def test_kv_pool_on_cpu_is_zeroed_views_of_one_mapping_that_do_not_alias() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from headroom.llm.request import SamplingParams
 from headroom.llm.spec_decode import can_speculate, propose_ngram, verify_greedy
@@ -15,9 +15,9 @@ def test_propose_copies_what_followed_the_latest_match() -> None:
     assert propose_ngram([1, 2, 1], 0) == ()
 
 
-def _onehot(ids: list[int], vocab: int = 10) -> torch.Tensor:
-    out = torch.zeros(len(ids), vocab)
-    out[torch.arange(len(ids)), torch.tensor(ids)] = 1.0
+def _onehot(ids: list[int], vocab: int = 10) -> np.ndarray:
+    out = np.zeros((len(ids), vocab), dtype=np.float32)
+    out[np.arange(len(ids)), ids] = 1.0
     return out
 
 

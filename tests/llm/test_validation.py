@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
-import torch
 
 from headroom.llm.openai_protocol import ChatRequest, CompletionRequest
 from headroom.llm.request import Request, SamplingParams
@@ -164,12 +164,12 @@ def test_a_tiny_temperature_decodes_greedily() -> None:
 
 
 def _req(params: SamplingParams) -> Request:
-    gen = torch.Generator().manual_seed(0)
+    gen = np.random.default_rng(0)
     return Request("r", [1, 2], params, arrival_s=0.0, seq_no=0, generator=gen)
 
 
 def test_a_plus_100_logit_bias_forces_the_token_and_minus_100_bans_it() -> None:
-    logits = torch.zeros(2, 50)
+    logits = np.zeros((2, 50), dtype=np.float32)
     logits[:, 7] = 20.0  # the model's clear favourite
     forced = SamplingParams(temperature=0.0, logit_bias=((33, 100.0),))
     sampled = SamplingParams(temperature=1.0, logit_bias=((33, 100.0),))

@@ -8,7 +8,8 @@ file (`paged_attention.c`, with `common.h`) add `arch_flags` (`-march=native` by
 explicit AVX2/FMA only where the CPU has them)
 (`~/.cache/headroom` by default); the hash covers the sources, the flags, the compiler and the CPU's flags, so
 a different machine or compiler builds its own. The library's `NEEDED libgomp.so.1` resolves to the libgomp
-torch has already loaded (same soname), so there is ONE OpenMP runtime.
+torch has already loaded when it has (same soname), so there is ONE OpenMP runtime; the native path runs without
+torch and loads it itself.
 """
 
 from __future__ import annotations

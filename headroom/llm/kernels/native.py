@@ -1,9 +1,10 @@
 """The whole model step on GGUF block-quantised weights in one C call (`native_step.c`, `native_gemm.c`).
 
 `NativeStepKernel.step(batch)` runs any flat ModelBatch (prefill chunks, decodes, speculative verification rows,
-many sequences at once) and returns the logits rows in TorchRunner's order. The weights stay in their GGUF
-formats (`NativeDecoderWeights`: QTensors that may be views of a memory map); the K/V cache is TorchRunner's
-([Hkv, num_slots, D] fp32 per layer), so swap and preemption work unchanged. Batch-invariant: a sequence's logits
+many sequences at once) and returns the logits rows (numpy) in TorchRunner's order. The weights stay in their GGUF
+formats (`NativeDecoderWeights`: QTensors that may be views of a memory map); the K/V cache has TorchRunner's layout
+([Hkv, num_slots, D] fp32 per layer, numpy arrays from `headroom.llm.kv_pool`), so swap and preemption work
+unchanged. Nothing here imports torch. Batch-invariant: a sequence's logits
 are bit-identical alone or beside others, prefilled whole or in chunks, on any thread count (see native_step.c).
 
 q/k rows must be in Hugging Face's rotate-half order: a GGUF (llama) stores them permuted for interleaved RoPE;
@@ -15,18 +16,16 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from headroom.llm.config import DecoderConfig
 from headroom.llm.kernels.native_gemm import ISA_NAMES, CQTensor, c_qtensor, pack_tensor, resolve_isa
-from headroom.llm.model import Rotary
 from headroom.llm.quant_blocks import QK, QTensor
 
 if TYPE_CHECKING:
-    from headroom.llm.runner import ModelBatch
+    from headroom.llm.step_batch import ModelBatch
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
@@ -98,6 +97,18 @@ def permute_rows(t: QTensor, order: np.ndarray) -> QTensor:
     return QTensor(t.fmt, t.rows, t.cols, np.ascontiguousarray(data).reshape(-1))
 
 
+def rope_tables(head_dim: int, max_positions: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """fp32 RoPE tables [max_positions, head_dim] in the rotate-half layout: cos, and sin *signed* (first half
+    negated), as the torch model's `Rotary` lays them out, computed the same way in fp32 (theta ** (i / D) rounded
+    to fp32, its fp32 reciprocal, fp32 angles) except that cos/sin are taken in fp64 and rounded once: numpy's and
+    torch's fp32 sin/cos differ in the last bit of some entries, and these are the correctly rounded values."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    inv_freq = np.float32(1.0) / (np.float64(theta) ** exponents.astype(np.float64)).astype(np.float32)
+    angles = np.outer(np.arange(max_positions, dtype=np.float32), inv_freq).astype(np.float64)
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    return np.concatenate((cos, cos), axis=1), np.concatenate((-sin, sin), axis=1)
+
+
 class NativeLayer(ctypes.Structure):
     """`hr_native_layer`."""
 
@@ -163,7 +174,7 @@ class NativeStepKernel:
         self,
         lib: ctypes.CDLL,
         weights: NativeDecoderWeights,
-        kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: Sequence[tuple[np.ndarray, np.ndarray]],
         block_size_tokens: int,
         isa: str | None = None,
     ) -> None:
@@ -173,27 +184,27 @@ class NativeStepKernel:
         self.isa = resolve_isa(lib, isa)
         self.vocab_size = cfg.vocab_size
         self.block_size = block_size_tokens
-        num_slots = int(kv_caches[0][0].shape[1])
+        caches = [(np.asarray(k), np.asarray(v)) for k, v in kv_caches]  # CPU torch tensors: views, no copy
+        num_slots = int(caches[0][0].shape[1])
         d = cfg.head_dim_resolved
-        for k_cache, v_cache in kv_caches:
+        for k_cache, v_cache in caches:
             for c in (k_cache, v_cache):
-                if c.dtype != torch.float32 or c.device.type != "cpu" or not c.is_contiguous() or tuple(c.shape) != (
+                if c.dtype != np.float32 or not c.flags.c_contiguous or not c.flags.writeable or c.shape != (
                     cfg.num_key_value_heads, num_slots, d
                 ):  # fmt: skip
                     raise ValueError(f"native step needs contiguous fp32 CPU K/V caches [Hkv, slots, D], got {c.shape}")
         if len(kv_caches) != cfg.num_hidden_layers or num_slots % block_size_tokens:
             raise ValueError("native step: one (K, V) pair per layer, slots a multiple of the block size")
-        rot = Rotary(d, cfg.max_position_embeddings, cfg.rope_theta)
-        self.kv_caches = list(kv_caches)  # the caches this kernel writes (TorchRunner's layout)
-        self._keep: list[object] = [weights]  # everything else the C structs point into
-        cos, sin = self._f32(cast(torch.Tensor, rot.cos)), self._f32(cast(torch.Tensor, rot.sin_signed))
+        self.kv_caches = caches  # the caches this kernel writes (TorchRunner's layout)
+        self._keep: list[object] = [weights, list(kv_caches)]  # everything else the C structs point into
+        cos, sin = (self._f32(t) for t in rope_tables(d, cfg.max_position_embeddings, cfg.rope_theta))
         layers = (NativeLayer * cfg.num_hidden_layers)()
         for i, ly in enumerate(weights.layers):
-            k_cache, v_cache = kv_caches[i]
+            k_cache, v_cache = caches[i]
             q8 = [self._packed(lib, t) for t in (ly.q, ly.k, ly.v, ly.o, ly.gate, ly.up)]  # 8-bit inputs
             layers[i] = NativeLayer(
                 self._f32(ly.input_norm), self._f32(ly.post_norm), self._f32(ly.q_bias), self._f32(ly.k_bias),
-                self._f32(ly.v_bias), *q8, c_qtensor(ly.down), k_cache.data_ptr(), v_cache.data_ptr(),
+                self._f32(ly.v_bias), *q8, c_qtensor(ly.down), k_cache.ctypes.data, v_cache.ctypes.data,
             )  # fmt: skip
         self._layers = layers
         self._model = NativeModel(
@@ -213,26 +224,26 @@ class NativeStepKernel:
         self._keep.append(packed)
         return c_qtensor(t, packed)
 
-    def _f32(self, a: np.ndarray | torch.Tensor | None) -> int:
+    def _f32(self, a: np.ndarray | None) -> int:
         if a is None:
             return 0
-        arr = np.ascontiguousarray(a.detach().numpy() if isinstance(a, torch.Tensor) else a, dtype=np.float32)
+        arr = np.ascontiguousarray(a, dtype=np.float32)
         self._keep.append(arr)
         return int(arr.ctypes.data)
 
-    def step(self, batch: ModelBatch, num_threads: int = 1) -> torch.Tensor:
+    def step(self, batch: ModelBatch, num_threads: int = 1) -> np.ndarray:
         """Run the batch; returns fp32 logits [rows, vocab] (TorchRunner.execute's rows). Raises ValueError for an
         out-of-range token id, position or block (the cache is then untouched)."""
         if batch.block_size_tokens != self.block_size:
             raise ValueError(f"batch block size {batch.block_size_tokens} != the cache's {self.block_size}")
         if not batch.items or not any(it.token_ids for it in batch.items):
-            return torch.empty((0, self.vocab_size), dtype=torch.float32)
+            return np.empty((0, self.vocab_size), dtype=np.float32)
         p = plan_step(batch)
-        logits = torch.empty((len(p.logit_rows), self.vocab_size), dtype=torch.float32)
+        logits = np.empty((len(p.logit_rows), self.vocab_size), dtype=np.float32)
         rc = self._fn(
             ctypes.byref(self._model), len(p.ids), p.ids.ctypes.data, p.positions.ctypes.data, p.seq_of.ctypes.data,
             p.tables.shape[0], p.tables.ctypes.data, p.tables.shape[1], p.logit_rows.ctypes.data, len(p.logit_rows),
-            logits.data_ptr(), ISA_NAMES.index(self.isa), max(1, num_threads),
+            logits.ctypes.data, ISA_NAMES.index(self.isa), max(1, num_threads),
         )  # fmt: skip
         if rc == -1:
             raise MemoryError("hr_native_step: out of memory")

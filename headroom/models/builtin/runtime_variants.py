@@ -16,12 +16,13 @@ from typing import ClassVar
 from headroom.models.backends.torch_backend import TorchModel
 from headroom.models.base import Arrays, LoadContext
 from headroom.models.builtin.digits_transform import to_model_input
-from headroom.models.builtin.minilm import MiniLMModel, weights_directory
+from headroom.models.builtin.minilm import weights_directory
+from headroom.models.builtin.minilm_torch import MiniLMModel
 
 DIGITS_ONNX = "headroom.models.builtin.digits:DigitsModel"
 DIGITS_TORCH = "headroom.models.builtin.runtime_variants:DigitsTorchModel"
 MINILM_ONNX = "headroom.models.builtin.minilm:MiniLMOnnxModel"
-MINILM_TORCH_EAGER = "headroom.models.builtin.minilm:MiniLMModel"
+MINILM_TORCH_EAGER = "headroom.models.builtin.minilm:MiniLMModel"  # the name configs use (forwarded)
 MINILM_TORCH = "headroom.models.builtin.runtime_variants:MiniLMTorchModel"
 
 _DIGITS_TORCH_PARAMS = {"model_class": DIGITS_TORCH, "module": "headroom.models.builtin.digits_net:DigitsNet",
