@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from headroom.llm.request import SequenceOutput
+from headroom.llm.strict_schema import check_strict
 from headroom.protocol.openai_errors import FieldError
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -37,6 +38,8 @@ class ToolPlan:
     allowed: tuple[str, ...]  # function names the output may call
     schema: dict[str, Any] | None  # the JSON schema the output must follow (required / named); None = free
     parse_calls: bool  # turn an output that is a call array into tool_calls (auto, required, named)
+    calls_schema: dict[str, Any] | None = None  # a call array of the allowed functions (auto: with a JSON
+    #   response_format the output is this or the format's JSON)
 
 
 def plan_tools(tools: object, tool_choice: object, parallel_tool_calls: object) -> ToolPlan:
@@ -51,7 +54,7 @@ def plan_tools(tools: object, tool_choice: object, parallel_tool_calls: object) 
     if choice == "none":
         return ToolPlan(sent, names, None, False)
     if choice == "auto":
-        return ToolPlan(sent, names, None, True)
+        return ToolPlan(sent, names, None, True, _calls_schema(names, params, parallel))
     if choice == "required":
         allowed = names
     elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
@@ -62,12 +65,18 @@ def plan_tools(tools: object, tool_choice: object, parallel_tool_calls: object) 
     else:
         raise FieldError("tool_choice", "tool_choice must be 'none', 'auto', 'required' or "
                          '{"type": "function", "function": {"name": ...}}')
+    schema = _calls_schema(allowed, params, parallel)
+    return ToolPlan(sent, allowed, schema, True, schema)
+
+
+def _calls_schema(allowed: tuple[str, ...], params: dict[str, Any], parallel: bool) -> dict[str, Any]:
+    """A JSON array of calls, each `{"name": <one of allowed>, "arguments": <its parameters>}`."""
     call = [{"type": "object", "properties": {"name": {"const": n}, "arguments": params[n]},
              "required": ["name", "arguments"], "additionalProperties": False} for n in allowed]
     schema: dict[str, Any] = {"type": "array", "items": {"anyOf": call}, "minItems": 1}
     if not parallel:
         schema["maxItems"] = 1
-    return ToolPlan(sent, allowed, schema, True)
+    return schema
 
 
 def parse_tool_calls(text: str, allowed: tuple[str, ...]) -> list[dict[str, Any]] | None:
@@ -125,6 +134,16 @@ def _functions(tools: object) -> tuple[tuple[dict[str, Any], ...], list[dict[str
         if "parameters" in fn and not isinstance(fn["parameters"], dict):
             raise FieldError(f"tools.{i}.function.parameters", "parameters must be a JSON schema object",
                              "invalid_type")
+        unknown = sorted(set(fn) - {"name", "description", "parameters", "strict"})
+        if unknown:
+            raise FieldError(f"tools.{i}.function.{unknown[0]}", f"unknown field tools.{i}.function.{unknown[0]}",
+                             "unknown_parameter")
+        strict = fn.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise FieldError(f"tools.{i}.function.strict", "strict must be true or false", "invalid_type")
+        if strict:
+            check_strict(fn.get("parameters", {"type": "object", "properties": {}, "additionalProperties": False}),
+                         f"tools.{i}.function.parameters")
         if any(f["name"] == fn["name"] for f in out):
             raise FieldError(f"tools.{i}.function.name", f"function {fn['name']!r} is defined twice")
         out.append(fn)
