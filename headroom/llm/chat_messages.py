@@ -52,11 +52,11 @@ class ToolTurns:
 
 def probe_tool_turns(render: Callable[[list[dict[str, Any]]], str]) -> ToolTurns:
     """Render a marked call and its result with `render` (the chat template) and see which marks survive."""
-    call = {"id": "call_probe", "type": "function",
+    call = {"id": "probe7f3a", "type": "function",  # 9 alphanumerics: Mistral's templates insist
             "function": {"name": _MARK_NAME, "arguments": {"probe": _MARK_ARG}}}
     chat: list[dict[str, Any]] = [{"role": "user", "content": "hi"},
                                   {"role": "assistant", "content": "", "tool_calls": [call]},
-                                  {"role": "tool", "content": _MARK_RESULT, "tool_call_id": "call_probe"}]
+                                  {"role": "tool", "content": _MARK_RESULT, "tool_call_id": "probe7f3a"}]
     try:
         text = render(chat)
     except Exception:  # a template that refuses these roles renders neither

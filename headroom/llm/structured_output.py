@@ -3,10 +3,12 @@
 - `response_format: {"type": "text"}` (or absent): no grammar.
 - `{"type": "json_object"}`: any JSON object.
 - `{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}` (OpenAI's shape): output
-  that validates against `schema`. The schema is enforced whatever `strict` says (a grammar either holds or not).
+  that validates against `schema`. The schema is enforced whatever `strict` says (a grammar either holds or not);
+  `strict: true` also refuses a schema that breaks OpenAI's strict-mode rules (headroom.llm.strict_schema).
 - `tools` / `tool_choice` / `parallel_tool_calls`: accepted only where the model's chat template renders tools
   (`template_supports_tools`), planned by `headroom.llm.tools`; elsewhere a 400 that says the model's template
-  has no tool support.
+  has no tool support. With a JSON `response_format` (OpenAI's meaning: calls follow the tools, a text answer
+  the format): `none` -> the format; `auto` -> anyOf(a call array, the format); `required` / named -> the calls.
 
 JSON is generated compactly (no optional whitespace: a small model given free whitespace can spend its whole
 budget on newlines). The grammar text is llguidance's (`LLMatcher.grammar_from_json_schema`); compiling it

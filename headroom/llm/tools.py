@@ -4,11 +4,13 @@ The model is asked (by its own chat template, which gets `tools`) to answer with
 `[{"name": <function>, "arguments": {...}}]`:
 
 - `tool_choice: "none"`: tools are rendered, the output is text;
-- `"auto"` (the default when tools are sent): the output is free; when it is exactly such an array naming
-  known functions it comes back as `tool_calls`, else as text;
+- `"auto"` (the default when tools are sent): the output is free (with a JSON response_format: such an array
+  or the format's JSON, `calls_schema`); when it is exactly such an array naming known functions it comes back
+  as `tool_calls`, else as text;
 - `"required"` or `{"type": "function", "function": {"name": ...}}`: the output is constrained (a JSON schema:
   each call's `name` one of the allowed functions, its `arguments` that function's `parameters`), so it always
   parses into `tool_calls`. `parallel_tool_calls: false` allows one call.
+- a function's `strict: true` applies OpenAI's strict-mode rules to its `parameters` (headroom.llm.strict_schema).
 
 Calls come back in OpenAI's shape with `finish_reason: "tool_calls"`; streamed, a choice that may be calls is
 held back and sent as one chunk when it finishes (`final_tool_delta`). Every refusal is a FieldError (400).
