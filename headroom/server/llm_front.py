@@ -30,11 +30,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from headroom.core.errors import ModelNotFound
 from headroom.core.lifecycle import ServingLifecycle
 from headroom.llm.kv_cache import CachedBlocks
 from headroom.llm.prefix_blocks import prefix_blocks_route
 from headroom.models.config import ModelConfig
-from headroom.protocol.openai_errors import openai_error_body
+from headroom.protocol.openai_errors import exception_body
 from headroom.server.generative import GenerativeModels
 
 
@@ -165,8 +166,8 @@ class LLMFleet:
             if serving.model_name == model:
                 return serving
         names = ", ".join(repr(s.model_name) for s in servings) or "none"
-        return JSONResponse(openai_error_body(404, f"the model {model!r} does not exist; this server's LLMs: {names}",
-                                              "model", "model_not_found"), status_code=404)
+        missing = ModelNotFound(f"the model {model!r} does not exist; this server's LLMs: {names}")
+        return JSONResponse(exception_body(missing), status_code=missing.http_status)
 
     async def _routes(self) -> Any:
         """The generate routes over the table (their module imported off the loop: on a server without an LLM
