@@ -7,6 +7,8 @@
     cache_dir: ~/.cache/headroom   # where GGUF conversions are kept (default $HEADROOM_CACHE_DIR or that)
     served_model_name: smollm2     # the OpenAI model id (default: the model directory's name)
     warmup_tokens: 2               # a short generation at start-up: prefill + one decode step (0 = none)
+    chat_template: "{% for m in messages %}..."   # a Jinja chat template used instead of the model's own
+                                   # (vLLM's --chat-template; e.g. one that renders tools and tool-call turns)
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -28,6 +31,7 @@ from headroom.llm.metrics import LLMMetrics
 from headroom.llm.offline import DEFAULT_MODEL, LoadReport, load_engine
 from headroom.llm.request import SamplingParams
 from headroom.llm.serving import OpenAIServing
+from headroom.llm.tokenizer import Tokenizer
 from headroom.models.config import ModelConfig
 
 log = logging.getLogger("headroom.llm")
@@ -58,6 +62,10 @@ class LLMService:
         cache = params.get("cache_dir")
         self.cache_root = Path(str(cache)).expanduser() / "llm" if cache else None
         self.warmup_tokens = int(params.get("warmup_tokens", 2))
+        template = params.get("chat_template")
+        if template is not None and (not isinstance(template, str) or not template.strip()):
+            raise ValueError(f"model {config.name!r}: parameters.chat_template must be a Jinja template (text)")
+        self.chat_template: str | None = template
 
     async def _load(self) -> AsyncLLMEngine:
         """Load (first time: convert the GGUF), start an engine thread and warm it up; not attached yet."""
@@ -68,6 +76,8 @@ class LLMService:
         log.info("%s: %s weights%s", self.name, report.weight_format, f"; {report.quality}" if report.quality else "")
         if engine.tokenizer is None:
             raise ValueError(f"{self.model_spec}: no tokenizer found; the OpenAI API needs one")
+        if self.chat_template is not None:  # compiled here: a template with a syntax error fails the load
+            engine.tokenizer = Tokenizer(replace(engine.tokenizer.files, chat_template=self.chat_template))
         loop = asyncio.get_running_loop()
 
         def on_fatal(exc: BaseException) -> None:  # from the engine thread: to the loop

@@ -104,7 +104,7 @@ class GenerateRoutes:
     """The generate routes for every LLM the server runs (one route set, dispatched by model name)."""
 
     def __init__(self, servings: Mapping[str, OpenAIServing], is_tensor_model: Any = None) -> None:
-        self._servings = dict(servings)
+        self._servings = servings  # live: the server's table (an LLM added after start is served too)
         self._is_tensor_model = is_tensor_model  # name -> bool: a tensor model gets a 400 pointing at /infer
 
     def serves(self, name: str) -> bool:

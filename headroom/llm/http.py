@@ -43,7 +43,7 @@ def _to_response(result: ServingResponse) -> Response:
     return JSONResponse(dict(result.body or {}), status_code=result.status, headers=dict(result.headers))
 
 
-def _endpoint(
+def openai_endpoint(
     call: Callable[[object, UsageCallback, str], Awaitable[ServingResponse]],
 ) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
@@ -66,6 +66,6 @@ def _endpoint(
 def openai_routes(serving: OpenAIServing) -> list[Route]:
     """The OpenAI generation routes for one served model."""
     return [
-        Route("/v1/chat/completions", _endpoint(serving.create_chat_completion), methods=["POST"]),
-        Route("/v1/completions", _endpoint(serving.create_completion), methods=["POST"]),
+        Route("/v1/chat/completions", openai_endpoint(serving.create_chat_completion), methods=["POST"]),
+        Route("/v1/completions", openai_endpoint(serving.create_completion), methods=["POST"]),
     ]

@@ -54,8 +54,10 @@ class BaseRequest(BaseModel):
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "user", "assistant", "developer"]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # assistant: calls it made (headroom.llm.chat_messages)
+    tool_call_id: str | None = None  # tool: the call this message answers
 
 
 class ChatRequest(BaseRequest):

@@ -39,6 +39,7 @@ from headroom.core.lifecycle import ServingLifecycle
 from headroom.llm.admission import admitted
 from headroom.llm.async_engine import AsyncLLMEngine
 from headroom.llm.block_hash import prefix_cache_key
+from headroom.llm.chat_messages import ToolTurns, probe_tool_turns, template_messages
 from headroom.llm.openai_protocol import (
     BaseRequest,
     ChatRequest,
@@ -50,7 +51,7 @@ from headroom.llm.openai_protocol import (
 from headroom.llm.openai_usage import RequestObserver, Tally, UsageCallback, observed, usage_body
 from headroom.llm.request import SamplingParams, SequenceOutput, TokenLogprob
 from headroom.llm.structured_output import OutputPlan, output_plan
-from headroom.llm.tokenizer import Tokenizer
+from headroom.llm.tokenizer import Tokenizer, render_chat
 from headroom.llm.tools import ToolPlan, final_tool_delta, with_tool_calls
 from headroom.llm.validation import FieldError, Kind, check_body, logit_bias, token_ids
 
@@ -73,12 +74,14 @@ class OpenAIServing:
         self.weight_format = ""  # what the model runs on, e.g. "gguf:Q4_1+Q8_0" or "fp32" ("" = not loaded yet)
         self.observer: RequestObserver | None = None  # sees every request's outcome (statistics)
         self.unloaded = False  # unloaded through the repository API (or its directory removed): 404
+        self.tool_turns = ToolTurns(False, False)  # what the chat template renders of tool-call turns
 
     def attach(
         self, engine: AsyncLLMEngine, tokenizer: Tokenizer, max_model_len: int, request_timeout_s: float = 0.0
     ) -> None:
         """Serve through a started engine; requests running past `request_timeout_s` (> 0) are aborted (504)."""
         self.engine, self.tokenizer, self.max_model_len = engine, tokenizer, max_model_len
+        self.tool_turns = probe_tool_turns(tokenizer.apply_chat_template)
         self.request_timeout_s = request_timeout_s
 
     def model_cards(self) -> list[dict[str, Any]]:
@@ -104,9 +107,9 @@ class OpenAIServing:
             req = self._parse(body, "chat", ChatRequest)
             tok = self._ready()
             plan = await self._plan(req)
-            messages = [{"role": m.role, "content": _content_text(m.content)} for m in req.messages]
+            messages = template_messages(req.messages, self.tool_turns, self.model_name)
             tools = plan.tools.tools if plan.tools is not None else None
-            prompt_ids = tok.encode(tok.apply_chat_template(messages, tools=tools), add_special_tokens=False)
+            prompt_ids = tok.encode(render_chat(tok, messages, tools), add_special_tokens=False)
             max_tokens = req.max_completion_tokens or req.max_tokens
             top = req.top_logprobs if req.logprobs else None
             params = self._params(req, prompt_ids, max_tokens, (top or 0) if req.logprobs else None, plan.grammar)
@@ -377,18 +380,3 @@ async def _with_deadline(outputs: AsyncIterator[SequenceOutput], timeout_s: floa
         aclose = getattr(it, "aclose", None)
         if aclose is not None:
             await aclose()
-
-
-def _content_text(content: str | list[dict[str, Any]] | None) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for part in content:
-        if part.get("type") != "text":
-            raise FieldError(
-                "messages.content", f"only text parts are supported, got {part.get('type')!r}", "unsupported_parameter"
-            )
-        parts.append(str(part.get("text", "")))
-    return "".join(parts)

@@ -3,10 +3,12 @@
 - `response_format: {"type": "text"}` (or absent): no grammar.
 - `{"type": "json_object"}`: any JSON object.
 - `{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}` (OpenAI's shape): output
-  that validates against `schema`. The schema is enforced whatever `strict` says (a grammar either holds or not).
+  that validates against `schema`. The schema is enforced whatever `strict` says (a grammar either holds or not);
+  `strict: true` also refuses a schema that breaks OpenAI's strict-mode rules (headroom.llm.strict_schema).
 - `tools` / `tool_choice` / `parallel_tool_calls`: accepted only where the model's chat template renders tools
   (`template_supports_tools`), planned by `headroom.llm.tools`; elsewhere a 400 that says the model's template
-  has no tool support.
+  has no tool support. With a JSON `response_format` (OpenAI's meaning: calls follow the tools, a text answer
+  the format): `none` -> the format; `auto` -> anyOf(a call array, the format); `required` / named -> the calls.
 
 JSON is generated compactly (no optional whitespace: a small model given free whitespace can spend its whole
 budget on newlines). The grammar text is llguidance's (`LLMatcher.grammar_from_json_schema`); compiling it
@@ -22,6 +24,7 @@ from typing import Any
 
 from headroom.llm.grammar import GrammarCompiler, new_matcher
 from headroom.llm.openai_protocol import BaseRequest, ChatRequest
+from headroom.llm.strict_schema import check_strict
 from headroom.llm.tools import ToolPlan, plan_tools
 from headroom.protocol.openai_errors import FieldError
 
@@ -29,8 +32,9 @@ _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for json_schema.na
 _TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
 
 
-def response_format_grammar(value: object) -> str | None:
-    """The llguidance grammar text for OpenAI's `response_format`; None for plain text."""
+def response_format_schema(value: object) -> dict[str, Any] | None:
+    """The JSON schema OpenAI's `response_format` asks for (`json_object`: any object); None for plain text.
+    A `json_schema` with `strict: true` must also keep OpenAI's strict-mode rules (headroom.llm.strict_schema)."""
     if not isinstance(value, dict):
         raise FieldError("response_format", f"response_format must be an object, got {_show(value)}", "invalid_type")
     kind = value.get("type")
@@ -43,11 +47,17 @@ def response_format_grammar(value: object) -> str | None:
         return None
     if kind == "json_object":
         _no_schema(value, "json_object")
-        return schema_grammar({"type": "object"}, "response_format")
+        return {"type": "object"}
     if kind == "json_schema":
-        return schema_grammar(_json_schema_body(value.get("json_schema")), "response_format.json_schema.schema")
+        return _json_schema_body(value.get("json_schema"))
     raise FieldError("response_format.type",
                      f"response_format.type must be 'text', 'json_object' or 'json_schema', got {_show(kind)}")
+
+
+def response_format_grammar(value: object) -> str | None:
+    """The llguidance grammar text for OpenAI's `response_format`; None for plain text."""
+    schema = response_format_schema(value)
+    return None if schema is None else schema_grammar(schema, "response_format.json_schema.schema")
 
 
 def schema_grammar(schema: dict[str, Any], param: str) -> str:
@@ -104,6 +114,8 @@ def _json_schema_body(spec: object) -> dict[str, Any]:
     if not isinstance(schema, dict):
         raise FieldError(f"{param}.schema", f"{param}.schema must be a JSON schema object, got {_show(schema)}",
                          "invalid_type")
+    if strict:
+        check_strict(schema, f"{param}.schema")
     return schema
 
 
@@ -134,16 +146,17 @@ def output_plan(req: BaseRequest, chat_template: str | None, model_name: str,
     if isinstance(req, ChatRequest):
         tools = check_tools(req.model_dump(include=set(_TOOL_FIELDS), exclude_none=True),
                             template_supports_tools(chat_template), model_name)
-    grammar = response_format_grammar(req.response_format) if req.response_format is not None else None
-    if tools is not None and tools.parse_calls:
-        if grammar is not None:
-            raise FieldError("response_format", "a JSON response_format cannot be combined with tools unless "
-                             "tool_choice is 'none'")
-        grammar = schema_grammar(tools.schema, "tools") if tools.schema is not None else None
-    if grammar is None:
+    fmt = response_format_schema(req.response_format) if req.response_format is not None else None
+    schema, param = fmt, "response_format.json_schema.schema"
+    if tools is not None and tools.schema is not None:  # required / named: the output is the calls
+        schema, param = tools.schema, "tools"  # (response_format shapes text answers: this turn has none)
+    elif tools is not None and tools.parse_calls and fmt is not None:  # auto: the calls, or the format's JSON
+        schema, param = {"anyOf": [tools.calls_schema, fmt]}, "response_format.json_schema.schema"
+    if schema is None:
         return OutputPlan(None, tools)
     if req.ignore_eos:
         raise FieldError("ignore_eos", "ignore_eos cannot be combined with a JSON response_format or required "
                          "tool calls (the output ends where the JSON does)")
+    grammar = schema_grammar(schema, param)
     new_matcher(compiler, grammar)  # compiles (and caches) it now: a schema llguidance refuses is a 400 here
     return OutputPlan(grammar, tools)

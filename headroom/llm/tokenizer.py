@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from headroom.llm.weights import TokenizerFiles
+from headroom.protocol.openai_errors import FieldError
 
 
 class Tokenizer:
@@ -22,6 +23,7 @@ class Tokenizer:
         self._template = None
         if files.chat_template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise_exception  # HF templates refuse a conversation with it
             self._template = env.from_string(files.chat_template)
 
     @property
@@ -53,6 +55,24 @@ class Tokenizer:
                 **({"tools": list(tools)} if tools is not None else {}),
             )
         )
+
+
+def render_chat(tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]],
+                tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """`apply_chat_template` for a request: a conversation the template refuses (its `raise_exception`, or a
+    value it cannot render) is a 400 naming `messages`, with the template's message."""
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(messages, tools=tools)
+    except (TemplateError, TypeError, ValueError) as exc:
+        raise FieldError("messages", f"the model's chat template cannot render these messages: {exc}") from None
+
+
+def _raise_exception(message: str) -> None:
+    from jinja2 import TemplateError
+
+    raise TemplateError(message)
 
 
 class IncrementalDetokenizer:

@@ -4,11 +4,13 @@ The model is asked (by its own chat template, which gets `tools`) to answer with
 `[{"name": <function>, "arguments": {...}}]`:
 
 - `tool_choice: "none"`: tools are rendered, the output is text;
-- `"auto"` (the default when tools are sent): the output is free; when it is exactly such an array naming
-  known functions it comes back as `tool_calls`, else as text;
+- `"auto"` (the default when tools are sent): the output is free (with a JSON response_format: such an array
+  or the format's JSON, `calls_schema`); when it is exactly such an array naming known functions it comes back
+  as `tool_calls`, else as text;
 - `"required"` or `{"type": "function", "function": {"name": ...}}`: the output is constrained (a JSON schema:
   each call's `name` one of the allowed functions, its `arguments` that function's `parameters`), so it always
   parses into `tool_calls`. `parallel_tool_calls: false` allows one call.
+- a function's `strict: true` applies OpenAI's strict-mode rules to its `parameters` (headroom.llm.strict_schema).
 
 Calls come back in OpenAI's shape with `finish_reason: "tool_calls"`; streamed, a choice that may be calls is
 held back and sent as one chunk when it finishes (`final_tool_delta`). Every refusal is a FieldError (400).
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from headroom.llm.request import SequenceOutput
+from headroom.llm.strict_schema import check_strict
 from headroom.protocol.openai_errors import FieldError
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -37,6 +40,8 @@ class ToolPlan:
     allowed: tuple[str, ...]  # function names the output may call
     schema: dict[str, Any] | None  # the JSON schema the output must follow (required / named); None = free
     parse_calls: bool  # turn an output that is a call array into tool_calls (auto, required, named)
+    calls_schema: dict[str, Any] | None = None  # a call array of the allowed functions (auto: with a JSON
+    #   response_format the output is this or the format's JSON)
 
 
 def plan_tools(tools: object, tool_choice: object, parallel_tool_calls: object) -> ToolPlan:
@@ -51,7 +56,7 @@ def plan_tools(tools: object, tool_choice: object, parallel_tool_calls: object) 
     if choice == "none":
         return ToolPlan(sent, names, None, False)
     if choice == "auto":
-        return ToolPlan(sent, names, None, True)
+        return ToolPlan(sent, names, None, True, _calls_schema(names, params, parallel))
     if choice == "required":
         allowed = names
     elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
@@ -62,12 +67,18 @@ def plan_tools(tools: object, tool_choice: object, parallel_tool_calls: object) 
     else:
         raise FieldError("tool_choice", "tool_choice must be 'none', 'auto', 'required' or "
                          '{"type": "function", "function": {"name": ...}}')
+    schema = _calls_schema(allowed, params, parallel)
+    return ToolPlan(sent, allowed, schema, True, schema)
+
+
+def _calls_schema(allowed: tuple[str, ...], params: dict[str, Any], parallel: bool) -> dict[str, Any]:
+    """A JSON array of calls, each `{"name": <one of allowed>, "arguments": <its parameters>}`."""
     call = [{"type": "object", "properties": {"name": {"const": n}, "arguments": params[n]},
              "required": ["name", "arguments"], "additionalProperties": False} for n in allowed]
     schema: dict[str, Any] = {"type": "array", "items": {"anyOf": call}, "minItems": 1}
     if not parallel:
         schema["maxItems"] = 1
-    return ToolPlan(sent, allowed, schema, True)
+    return schema
 
 
 def parse_tool_calls(text: str, allowed: tuple[str, ...]) -> list[dict[str, Any]] | None:
@@ -125,6 +136,16 @@ def _functions(tools: object) -> tuple[tuple[dict[str, Any], ...], list[dict[str
         if "parameters" in fn and not isinstance(fn["parameters"], dict):
             raise FieldError(f"tools.{i}.function.parameters", "parameters must be a JSON schema object",
                              "invalid_type")
+        unknown = sorted(set(fn) - {"name", "description", "parameters", "strict"})
+        if unknown:
+            raise FieldError(f"tools.{i}.function.{unknown[0]}", f"unknown field tools.{i}.function.{unknown[0]}",
+                             "unknown_parameter")
+        strict = fn.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise FieldError(f"tools.{i}.function.strict", "strict must be true or false", "invalid_type")
+        if strict:
+            check_strict(fn.get("parameters", {"type": "object", "properties": {}, "additionalProperties": False}),
+                         f"tools.{i}.function.parameters")
         if any(f["name"] == fn["name"] for f in out):
             raise FieldError(f"tools.{i}.function.name", f"function {fn['name']!r} is defined twice")
         out.append(fn)

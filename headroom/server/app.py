@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from headroom.server.dataplane import DataPlane
 from headroom.server.gc_monitor import GcMonitor
 from headroom.server.grpc_admin import TritonAdminServicer
 from headroom.server.http_app import HttpApi, HttpLimits, build_http_app
+from headroom.server.llm_front import LLMFleet
 from headroom.server.metrics import ServerMetrics
 from headroom.server.model_manager import ModelManager, served_version
 from headroom.server.repository_poll import RepositoryPoller
@@ -91,16 +92,6 @@ class _UvicornServer(uvicorn.Server):
         yield
 
 
-class _ModelCards:
-    """The LLMs' `/v1/models` entries, read when listed (weights known once loaded; none while unloaded)."""
-
-    def __init__(self, servings: list[Any]) -> None:
-        self._servings = servings
-
-    def __iter__(self) -> Iterator[object]:
-        return iter([card for serving in self._servings for card in serving.model_cards()])
-
-
 class Server:
     """One headroom process: transports, data plane, models. `await run()` until stopped."""
 
@@ -116,8 +107,11 @@ class Server:
         self.drift = DriftFeed(config.drift, self.registry)
         self.registry.register(CascadeCollector(self._served_models))
         self.gc_monitor = GcMonitor(self.registry)
-        self._llm_services: list[Any] = []
-        self._llm_grpc: Any = None  # the LLMs on gRPC ModelInfer / ModelStreamInfer (llm/grpc_generate.py)
+        gateway = config.gateway.config  # without API keys every request runs as its anonymous tenant
+        self.llm = LLMFleet(self.registry, self.lifecycle, self.dataplane.generative,
+                            lambda name: bool(self.dataplane.loaded_versions(name)),
+                            None if gateway.auth_enabled else gateway.anonymous_tenant)
+        self._llm_grpc: Any = None  # the LLMs on gRPC ModelInfer / ModelStreamInfer (the fleet, once routed)
         self._llm_start: set[str] = set()  # the LLMs loaded at start (explicit mode: --load-model)
         self._stop = asyncio.Event()
         self._http: _UvicornServer | None = None
@@ -131,36 +125,13 @@ class Server:
 
     # -- wiring ------------------------------------------------------------------------------------------
     def _llm_routes(self, index_llm: tuple[Any, ...]) -> tuple[list[BaseRoute], Iterable[object]]:
-        if not index_llm:
-            return [], []
-        from headroom.llm.factory import build_llm_service
-        from headroom.llm.generate import GenerateRoutes
-        from headroom.llm.grpc_generate import GrpcGenerate
-        from headroom.llm.http import openai_routes
-        from headroom.llm.kv_cache import CachedBlocks
-        from headroom.llm.prefix_blocks import prefix_blocks_route
-
-        routes: list[BaseRoute] = []
-        servings = {}
+        """The LLM routes (server/llm_front.py): with an LLM at start, or in a mode that can add one later."""
+        if not index_llm and self.config.model_control_mode == "none":
+            return [], []  # no LLM, and none can come: the LLM modules (torch) are never imported
         for entry in index_llm:
-            service = build_llm_service(entry.config, self.registry, self.lifecycle)
-            self._llm_services.append(service)
-            self.lifecycle.add_readiness_check(service)
-            self.lifecycle.add_liveness_check(service)
-            service.serving.observer = self.dataplane.generative.add(entry.config, service)
-            routes.extend(openai_routes(service.serving))
-            servings[entry.config.name] = service.serving
-        generate = GenerateRoutes(servings, lambda name: bool(self.dataplane.loaded_versions(name)))
-        self._llm_grpc = GrpcGenerate(generate)
-        services = tuple(self._llm_services)
-
-        def cached_blocks() -> dict[str, tuple[int, CachedBlocks]]:
-            return {s.name: cb for s in services if (cb := s.cached_blocks()) is not None}
-
-        gateway = self.config.gateway.config  # without API keys every request runs as its anonymous tenant
-        tenant = None if gateway.auth_enabled else gateway.anonymous_tenant
-        return ([*routes, *generate.routes(), prefix_blocks_route(cached_blocks, tenant)],
-                _ModelCards(list(servings.values())))
+            self.llm.build(entry.config)
+        self._llm_grpc = self.llm
+        return self.llm.routes(), self.llm.cards()
 
     async def run(self, on_ready: Callable[[Server], None] | None = None) -> None:
         """Start everything, serve until SIGTERM/SIGINT or `stop()`, then drain and shut down."""
@@ -168,7 +139,8 @@ class Server:
         repo = ModelRepository(self.config.model_repository, self.config.trusted_backends)
         index = repo.scan(self.config.models)
         all_llm = index.llm_models  # explicit mode: every LLM gets its routes; those not loaded start unloaded
-        manager = ModelManager(repo, self.dataplane, self.config.model_control_mode, self.config.models)
+        manager = ModelManager(repo, self.dataplane, self.config.model_control_mode, self.config.models,
+                               add_llm=self.llm.add)
         if self.config.model_control_mode == "explicit" and "*" not in self.config.load_models:
             unknown = set(self.config.load_models) - {e.name for e in (*index.models, *index.llm_models)}
             if unknown:
@@ -233,7 +205,7 @@ class Server:
     async def _load(self, repo: ModelRepository, index: Any, manager: ModelManager,
                     on_ready: Callable[[Server], None] | None) -> None:
         try:
-            for service in self._llm_services:
+            for service in list(self.llm.services):
                 if service.config.name in self._llm_start:
                     await service.start()
                 else:  # explicit mode, not in --load-model: served once loaded through the repository API
@@ -267,7 +239,7 @@ class Server:
 
     def llm_model_names(self) -> list[str]:
         """Names of the generative models served by the LLM engine."""
-        return [str(card["id"]) for s in self._llm_services for card in s.serving.model_cards()]
+        return [str(card["id"]) for s in self.llm.services for card in s.serving.model_cards()]
 
     def stop(self) -> None:
         """Begin a graceful shutdown (safe to call from a signal handler)."""
@@ -296,7 +268,7 @@ class Server:
             self._http.should_exit = True
             with contextlib.suppress(asyncio.CancelledError):
                 await http_task
-        for service in self._llm_services:
+        for service in list(self.llm.services):
             await service.stop()
         await self.dataplane.stop()
         self.drift.close()

@@ -13,7 +13,9 @@ Model control follows Triton (`serve --model-control-mode`): `none` (the default
 unload with Triton's error; `explicit` allows them. A load may carry Triton's `config` override, applied to
 that load (headroom.protocol.triton_config) or refused naming the key. An LLM (`backend: llm`) reloads from its
 config.yaml (a new engine loads while the old one serves, then the old one drains) and unloads after its
-in-flight requests finish (server/generative.py); it takes no config override.
+in-flight requests finish (server/generative.py); it takes no config override. An LLM directory new to the
+server (added after start) is loaded and served through `add_llm` (server/llm_front.py), in poll mode by the
+poller and in explicit mode by a load.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from prometheus_client import CollectorRegistry
 
@@ -29,6 +31,7 @@ from headroom.core.clock import Clock
 from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound, NotReady
 from headroom.lifecycle.memory_budget import model_size_bytes
 from headroom.lifecycle.residency import Residency, ResidencyConfig
+from headroom.models.config import ModelConfig
 from headroom.models.repository import LoadedModel, ModelEntry, ModelRepository, RepositoryIndex
 from headroom.protocol.triton_config import apply_config_override
 from headroom.server.dataplane import DataPlane
@@ -57,13 +60,15 @@ class ModelManager:
     """Loads and unloads tensor models from one repository into one data plane (one operation at a time)."""
 
     def __init__(self, repository: ModelRepository, dataplane: DataPlane, control_mode: str = "none",
-                 served: tuple[str, ...] | None = None) -> None:
+                 served: tuple[str, ...] | None = None,
+                 add_llm: Callable[[ModelConfig], Awaitable[None]] | None = None) -> None:
         if control_mode not in MODEL_CONTROL_MODES:
             raise ValueError(f"model control mode {control_mode!r} is not one of {', '.join(MODEL_CONTROL_MODES)}")
         self._repo = repository
         self._dp = dataplane
         self.control_mode = control_mode
         self._served = served  # `serve --model` names: the only directories this server lists and loads
+        self._add_llm = add_llm  # serves an LLM new to this server (server/llm_front.LLMFleet.add)
         self._lock = asyncio.Lock()
         self._failed: dict[str, str] = {}
         self._entries: dict[str, ModelEntry] = {}
@@ -179,11 +184,13 @@ class ModelManager:
         if config_override is not None:
             raise InvalidRequest(f"model '{name}' is an LLM: a config override is not supported; edit its "
                                  "config.yaml and load it again")
-        if name not in self._dp.generative:
+        new = name not in self._dp.generative
+        if new and self._add_llm is None:
             raise InvalidRequest(f"model '{name}' is an LLM this server did not start with; restart it to serve "
                                  "a new LLM")
         try:
-            await self._dp.generative.reload(index.llm_models[0].config)
+            config = index.llm_models[0].config
+            await (self._add_llm(config) if new and self._add_llm is not None else self._dp.generative.reload(config))
         except HeadroomError:
             raise
         except Exception as exc:  # a bad config or model file: this load fails, the server and old engine stay

@@ -58,7 +58,8 @@ def test_json_object_returns_a_parseable_object(client: openai.OpenAI) -> None:
 @pytest.mark.timeout(900)  # 100 sampled sequences: seconds on a quiet machine, minutes on a loaded one
 async def test_100_objects_of_a_held_out_schema_all_validate(live: tuple[_Server, openai.OpenAI]) -> None:
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{live[0].port}/v1", api_key="unused", max_retries=0)
-    fmt: Any = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
+    # strict: false: minLength / maxLength are outside OpenAI's strict subset (test_strict_schema), yet enforced
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": False}}
     outs = await asyncio.gather(*(
         client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": prompt}],
                                        max_tokens=64, temperature=1.0, seed=seed, n=10, response_format=fmt)
@@ -127,6 +128,15 @@ def test_tools_are_refused_because_the_template_does_not_render_them(client: ope
     assert _refused(client, tools=[TOOL], tool_choice="required")["param"] == "tools"
     assert _refused(client, tool_choice="auto")["param"] == "tool_choice"
     assert _refused(client, parallel_tool_calls=True)["param"] == "parallel_tool_calls"
+    # SmolLM2's template renders any role (a tool message's text) but never an assistant's tool_calls: refused
+    call = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    turns: Any = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="smollm2", messages=turns, max_tokens=4)
+    body = err.value.response.json()["error"]
+    assert body["param"] == "messages.1.tool_calls" and body["code"] == "unsupported_parameter"
+    assert "does not render an assistant message's tool_calls" in body["message"]
 
 
 @pytest.mark.parametrize(

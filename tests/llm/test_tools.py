@@ -20,10 +20,14 @@ from headroom.llm.tokenizer import Tokenizer
 from headroom.llm.tools import parse_tool_calls, plan_tools
 from tests.llm.test_serving import _sse
 
+# a ChatML template that renders tools and tool-call turns (an assistant's calls as the JSON array the model is
+# asked to answer with, a tool message as a `tool` turn); the real-server tests (test_chat_messages) serve it too
 TEMPLATE = (
     "{% if tools %}<|im_start|>system\nFunctions: {{ tools | tojson }}\nAnswer with a JSON array of calls."
     "<|im_end|>\n{% endif %}{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if message.get('tool_calls') %}{{ message['tool_calls'] | map(attribute='function') | list | tojson }}"
+    "{% else %}{{ message['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 WEATHER: dict[str, Any] = {
     "type": "object",
@@ -104,6 +108,37 @@ async def test_streamed_tool_calls_arrive_in_one_chunk_when_the_choice_finishes(
     assert auto[-2]["choices"][0]["finish_reason"] == "length" and auto[-2]["choices"][0]["delta"]["content"]
 
 
+ANSWER: dict[str, Any] = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
+                          "required": ["answer"], "additionalProperties": False}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": ANSWER}}
+
+
+async def test_auto_with_a_json_format_answers_with_calls_or_the_formats_json(serving: OpenAIServing) -> None:
+    status, body = await _chat(serving, tools=TOOLS, tool_choice="auto", response_format=FORMAT, seed=4, n=8,
+                               parallel_tool_calls=False)  # one call at most: every output ends within max_tokens
+    assert status == 200, body
+    kinds = set()
+    for choice in body["choices"]:  # noise, shaped only by the grammar: anyOf(a call array, the format)
+        if choice["finish_reason"] == "tool_calls":
+            for call in choice["message"]["tool_calls"]:
+                jsonschema.validate(json.loads(call["function"]["arguments"]), PARAMS[call["function"]["name"]])
+            kinds.add("calls")
+        else:
+            assert choice["finish_reason"] == "stop", choice
+            jsonschema.validate(json.loads(choice["message"]["content"]), ANSWER)
+            kinds.add("format")
+    assert kinds  # (which branch the noise takes is the sampler's business)
+
+
+async def test_required_with_a_json_format_still_answers_with_calls(serving: OpenAIServing) -> None:
+    status, body = await _chat(serving, tools=TOOLS, tool_choice="required", response_format=FORMAT, seed=5, n=2,
+                               parallel_tool_calls=False)
+    assert status == 200, body
+    assert all(c["finish_reason"] == "tool_calls" for c in body["choices"])
+    status, body = await _chat(serving, tools=TOOLS, tool_choice="none", response_format=FORMAT, seed=6)
+    assert status == 200 and json.loads(body["choices"][0]["message"]["content"])["answer"] in ("yes", "no")
+
+
 async def test_none_and_auto_leave_the_output_free(serving: OpenAIServing) -> None:
     for choice in ("none", "auto"):
         status, body = await _chat(serving, tools=TOOLS, tool_choice=choice, max_tokens=8, ignore_eos=True)
@@ -123,7 +158,11 @@ async def test_none_and_auto_leave_the_output_free(serving: OpenAIServing) -> No
         ({"tools": TOOLS + TOOLS[:1]}, "tools.2.function.name"),
         ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
         ({"tool_choice": "auto"}, "tool_choice"),
-        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+            "type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}}}]},
+         "tools.0.function.parameters"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]}, "tools.0.function.strict"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parametres": {}}}]}, "tools.0.function.parametres"),
         ({"tools": TOOLS, "tool_choice": "required", "ignore_eos": True}, "ignore_eos"),
     ],
 )
