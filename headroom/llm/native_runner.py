@@ -61,7 +61,7 @@ class NativeRunner:
         return self.threads.now
 
     def execute(self, batch: ModelBatch) -> torch.Tensor:
-        return self.threads.run(batch, lambda threads: self.kernel.step(batch, threads))
+        return self.threads.run(batch, lambda threads: self.kernel.step(batch, threads, batch.cancel_flag_address))
 
     def swap_out(self, block_ids: Sequence[int]) -> object:
         return swap_out_blocks(self.kv_caches, self.block_size, block_ids)

@@ -12,13 +12,14 @@ import torch
 
 from headroom.core.clock import Clock
 from headroom.llm.config import DecoderConfig, EngineConfig
-from headroom.llm.engine import EngineObserver, LLMEngine
+from headroom.llm.engine import LLMEngine
 from headroom.llm.model import build_model
 from headroom.llm.native_runner import NativeRunner
 from headroom.llm.native_weights import load_native, weight_format
 from headroom.llm.request import SamplingParams, SequenceOutput
 from headroom.llm.runner import Runner, TorchRunner, prepare_model, resolve_device
 from headroom.llm.spec_decode import DraftProposer
+from headroom.llm.step_stats import EngineObserver
 from headroom.llm.tokenizer import Tokenizer
 from headroom.llm.weights import load_checkpoint, resolve_model_path
 
