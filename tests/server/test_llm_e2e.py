@@ -152,6 +152,19 @@ def test_streams_abandoned_during_their_prefill_cancel_the_step_in_flight(llm_se
     assert _steps_cancelled(llm_server) > before, "no step was cancelled in 3 rounds of abandoned prefills"
 
 
+def test_metrics_filtered_by_name_is_a_page_of_only_those_series(llm_server: RunningServer) -> None:
+    """`/metrics?name[]=...` (Prometheus' filter): the pollers of the reliability suite read 3 series cheaply."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = ["headroom_llm_num_requests_running", "headroom_llm_kv_cache_usage_perc",
+              "headroom_llm_steps_cancelled_total"]
+    page = httpx.get(llm_server.url + "/metrics", params={"name[]": wanted})
+    assert page.status_code == 200
+    names = {sample.name for family in text_string_to_metric_families(page.text) for sample in family.samples}
+    assert names == set(wanted)
+    assert len(page.content) * 20 < len(httpx.get(llm_server.url + "/metrics").content)
+
+
 VLLM_DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "vllm-dashboard.json"
 # vLLM's metric names (docs/design/metrics.md, V1), each exported with the labels model_name and engine
 VLLM_SERIES = (
