@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ def main() -> None:
     p.add_argument("--fuzz-budget-s", type=float, default=900.0,
                    help="Most seconds the fuzz may take (HTTP up to 2/3, gRPC the rest); fewer cases are reported.")
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--note", default="", help="How the machine was (e.g. 'quiet'); the load averages are added.")
     a = p.parse_args()
     chosen = a.only or list(SCENARIOS)
     results: dict[str, Any] = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -58,7 +60,7 @@ def main() -> None:
         "streams": lambda logs: streams.run(logs, a.streams),
         "fuzz": lambda logs: fuzz.run(logs, a.fuzz_cases, a.fuzz_cases, a.fuzz_budget_s),
     }
-    t0 = time.monotonic()
+    t0, load_start = time.monotonic(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="headroom-reliability-") as tmp:
         for name in chosen:
             started = time.monotonic()
@@ -66,11 +68,16 @@ def main() -> None:
             results["scenario_seconds"][name] = round(time.monotonic() - started, 1)
             print(f"  {name}: done in {results['scenario_seconds'][name]:.0f} s", flush=True)
     results["total_seconds"] = round(time.monotonic() - t0, 1)
+    load_end = os.getloadavg()[0]
+    results["load_average_1m"] = {"start": load_start, "end": load_end}
+    results["note"] = "; ".join(x for x in (a.note, f"1-min load average {load_start:.1f} at the start, "
+                                            f"{load_end:.1f} at the end") if x)
     json_path.write_text(json.dumps(results, indent=2) + "\n")
     table = markdown(results)
     md_path.write_text(table)
     print(table)
-    print(f"wrote {md_path} and {json_path} in {results['total_seconds'] / 60:.1f} min")
+    print(f"wrote {md_path} and {json_path} in {results['total_seconds'] / 60:.1f} min "
+          "(python scripts/make_benchmarks_md.py puts the latest table into BENCHMARKS.md)")
 
 
 if __name__ == "__main__":
