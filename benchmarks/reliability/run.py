@@ -28,6 +28,13 @@ from benchmarks.reliability.report import markdown
 SCENARIOS = ("overload", "failover", "streams", "fuzz")
 
 
+def _portable(value: Any) -> str:
+    """An argument as text, a path inside the repository relative to it (no machine paths in result files)."""
+    if isinstance(value, Path) and value.resolve().is_relative_to(ROOT):
+        return str(value.resolve().relative_to(ROOT))
+    return str(value)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", choices=SCENARIOS, action="append", help="Run only these scenarios (repeatable).")
@@ -45,7 +52,7 @@ def main() -> None:
     a = p.parse_args()
     chosen = a.only or list(SCENARIOS)
     results: dict[str, Any] = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                               "args": {k: str(v) for k, v in vars(a).items()}, "scenario_seconds": {}}
+                               "args": {k: _portable(v) for k, v in vars(a).items()}, "scenario_seconds": {}}
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     a.out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = a.out_dir / f"reliability_{stamp}.json", a.out_dir / f"reliability_{stamp}.md"
