@@ -139,7 +139,7 @@ async def open_loop(url: str, body: bytes, rate_per_s: float, duration_s: float,
 
     async def one(i: int, intended: float) -> None:
         async with slots:
-            sent = loop.time() - t0
+            sent = max(intended, loop.time() - t0)  # a timer may fire a clock tick early
             conn: _Conn | None = None
             try:
                 async with asyncio.timeout(timeout_s):
