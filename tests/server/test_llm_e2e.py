@@ -132,7 +132,7 @@ def test_streams_abandoned_during_their_prefill_cancel_the_step_in_flight(llm_se
     async def abandon(round_no: int) -> None:
         async with httpx.AsyncClient(base_url=llm_server.url, timeout=60) as client, AsyncExitStack() as streams:
             async def admitted(i: int) -> None:
-                words = " ".join(f"lighthouse{round_no}x{i}x{k}" for k in range(120))  # ~400 fresh tokens each
+                words = " ".join(f"lighthouse{round_no}x{i}x{k}" for k in range(60))  # hundreds of fresh tokens each
                 body = {"model": "smollm2", "prompt": words, "stream": True, "max_tokens": 200, "temperature": 0}
                 resp = await streams.enter_async_context(client.stream("POST", "/v1/completions", json=body))
                 assert resp.status_code == 200  # headers arrive at admission, before the first token
