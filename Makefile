@@ -56,7 +56,9 @@ clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache
 
 # The reliability suite (benchmarks/reliability/run.py): real servers on loopback, bounded, stops by itself.
-# Writes benchmarks/results/reliability_<UTC>.json + .md. Short smoke: RELIABILITY_ARGS="--duration-s 5 ..."
+# Writes benchmarks/results/reliability_<UTC>.json + .md (it prints where and how long it took), then puts the
+# table into BENCHMARKS.md. Short smoke: RELIABILITY_ARGS="--duration-s 5 ..."; RELIABILITY_ARGS="--note quiet".
 RELIABILITY_ARGS ?=
 reliability: models
 	$(BIN)/python -m benchmarks.reliability.run $(RELIABILITY_ARGS)
+	$(BIN)/python scripts/make_benchmarks_md.py

@@ -86,6 +86,22 @@ def _sweep_lines(path: Path, s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _reliability_lines(results_dir: Path) -> list[str]:
+    """The table of the latest `make reliability` run (`reliability_<UTC>.md` beside its `.json`), if any."""
+    tables = sorted(results_dir.glob("reliability_*.md"))
+    if not tables:
+        return []
+    latest = tables[-1]
+    try:
+        run = json.loads(latest.with_suffix(".json").read_text())
+    except (OSError, json.JSONDecodeError):
+        run = {}
+    when = f"started {run.get('started_utc', '?')}, {_num(run.get('total_seconds', 0) / 60, 1)} min"
+    note = run.get("note") or "machine state not recorded"
+    return [f"## Reliability (`make reliability`, issue 17; `results/{latest.name}`, {when}; {note})", "",
+            latest.read_text().rstrip(), ""]
+
+
 def render(results_dir: Path, summary: Path | None = None) -> str:
     """The BENCHMARKS.md text for every result under `results_dir`, after the curated `summary` (if any)."""
     sections: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
@@ -117,7 +133,10 @@ def render(results_dir: Path, summary: Path | None = None) -> str:
     if summary is not None and summary.is_file():
         # The curated summary (benchmarks/summary.md) quotes the other result files (engine, lifecycle,
         # simulator validation, serving comparisons) with their ratios; each number names its file.
-        out += [summary.read_text().rstrip(), "", "## headroom bench runs", ""]
+        out += [summary.read_text().rstrip(), ""]
+    out += _reliability_lines(results_dir)
+    if summary is not None and summary.is_file():
+        out += ["## headroom bench runs", ""]
     if not sections and not sweeps:
         out.append("No results yet: run the commands in `benchmarks/README.md` to produce them.")
     for name in sorted(set(sections) | set(sweeps)):

@@ -1,4 +1,5 @@
-"""Shared pieces of the reliability suite: real servers as subprocesses, open-loop load, percentiles, RSS.
+"""Shared pieces of the reliability suite: real servers as subprocesses, outcomes, percentiles, RSS (the load
+generator is `lean_client`).
 
 Everything runs on 127.0.0.1, every loop is bounded by a deadline, and every process started here is
 stopped (SIGTERM, then SIGKILL) when its block exits.
@@ -6,7 +7,6 @@ stopped (SIGTERM, then SIGKILL) when its block exits.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import os
@@ -122,27 +122,4 @@ class Outcome:
     latency_s: float  # from the intended send time (no coordinated omission) to the answer
     status: int  # HTTP status, 0 for a connection error
     error: str = ""  # the exception's type for a connection error, the body's start for another non-200
-
-
-async def open_loop(url: str, body: bytes, rate_per_s: float, duration_s: float,
-                    headers: dict[str, str] | None = None, timeout_s: float = 30.0,
-                    max_connections: int = 512) -> list[Outcome]:
-    """Send `body` to `url` at a constant rate for `duration_s`; every request is awaited (bounded by
-    `timeout_s`). Latency counts from the intended send time."""
-    n = int(rate_per_s * duration_s)
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-
-        async def one(i: int) -> Outcome:
-            intended = i / rate_per_s
-            await asyncio.sleep(max(0.0, t0 + intended - loop.time()))
-            try:
-                r = await client.post(url, content=body, headers=headers or {"content-type": "application/json"})
-                why = "" if r.status_code == 200 else r.text[:160]
-                return Outcome(intended, loop.time() - t0 - intended, r.status_code, why)
-            except httpx.HTTPError as exc:
-                return Outcome(intended, loop.time() - t0 - intended, 0, type(exc).__name__)
-
-        return list(await asyncio.gather(*(one(i) for i in range(n))))
+    lag_s: float = 0.0  # the client's own delay: when it wrote the request, minus the intended send time

@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import orjson
 
-from benchmarks.reliability.common import children, cmdline, headroom, open_loop, percentile_ms
+from benchmarks.reliability.common import children, cmdline, headroom, percentile_ms
+from benchmarks.reliability.lean_client import LoadRun, open_loop
 
 BODY = orjson.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]})
 ROUTE = "/v2/models/noop/infer"
@@ -36,7 +37,7 @@ def wait_replicas_ready(url: str, n: int, timeout_s: float) -> None:
     raise RuntimeError(f"fewer than {n} replicas ready after {timeout_s} s")
 
 
-async def _load_with_fault(url: str, rate: float, duration_s: float, victim: int, sig: int) -> list[Any]:
+async def _load_with_fault(url: str, rate: float, duration_s: float, victim: int, sig: int) -> LoadRun:
     async def fault() -> None:
         await asyncio.sleep(duration_s / 4)
         os.kill(victim, sig)
@@ -53,8 +54,9 @@ def one(log_dir: Path, sig: int, rate: float, duration_s: float) -> dict[str, An
     with headroom("route", args, log_dir) as router:
         wait_replicas_ready(router.url, 2, 300.0)
         victim = replica_pids(router.process.pid)[0]
-        outcomes = asyncio.run(_load_with_fault(router.url, rate, duration_s, victim, sig))
+        load = asyncio.run(_load_with_fault(router.url, rate, duration_s, victim, sig))
         stats = httpx.get(router.url + "/router/stats", timeout=2.0).json()
+    outcomes = load.outcomes
     failed = [o for o in outcomes if o.status != 200]
     shed = [o for o in failed if o.status == 429 or (o.status == 503 and '"overloaded"' in o.error)]
     return {
@@ -64,6 +66,7 @@ def one(log_dir: Path, sig: int, rate: float, duration_s: float) -> dict[str, An
         "failed_examples": sorted({o.error for o in failed})[:5],
         "p99_ms": percentile_ms([o.latency_s for o in outcomes if o.status == 200], 0.99),
         "router_retries": stats["counters"]["retries"], "router_retries_denied": stats["counters"]["retries_denied"],
+        **load.lag_summary(),
     }
 
 

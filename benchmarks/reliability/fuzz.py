@@ -4,6 +4,7 @@ routes included) and gRPC ModelInfer (hypothesis-built requests plus raw garbage
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections import Counter
@@ -28,9 +29,19 @@ SETTINGS = dict(deadline=None, database=None, phases=[Phase.generate],
                 suppress_health_check=list(HealthCheck))
 
 
-def fuzz_http(url: str, cases: int, max_rounds: int = 8) -> dict[str, Any]:
+class _OutOfTime(BaseException):
+    """The scenario's time budget is spent: raised through hypothesis (which only catches Exception) to stop."""
+
+
+def _check_budget(deadline_s: float) -> None:
+    if time.monotonic() > deadline_s:
+        raise _OutOfTime
+
+
+def fuzz_http(url: str, cases: int, deadline_s: float, max_rounds: int = 8) -> dict[str, Any]:
     """About `cases` requests spread over every operation; rounds with new seeds until the count is reached
-    (an operation with few distinct inputs runs out of new examples early)."""
+    (an operation with few distinct inputs runs out of new examples early) or time.monotonic() passes
+    `deadline_s` (then fewer cases, reported as such)."""
     schema = schemathesis.openapi.from_url(url + "/openapi.json")
     operations = []
     for result in schema.get_all_operations():
@@ -41,6 +52,7 @@ def fuzz_http(url: str, cases: int, max_rounds: int = 8) -> dict[str, Any]:
     failures: list[str] = []
     with httpx.Client(base_url=url, timeout=60.0) as client:
         def probe_case(case: Any) -> None:
+            _check_budget(deadline_s)
             kwargs = case.as_transport_kwargs(base_url=url)
             try:
                 r = client.request(kwargs["method"], kwargs["url"], headers=kwargs.get("headers"),
@@ -53,19 +65,21 @@ def fuzz_http(url: str, cases: int, max_rounds: int = 8) -> dict[str, Any]:
             if r.status_code >= 500 and len(failures) < 20:
                 failures.append(f"{case.operation.label}: {r.status_code} {r.text[:200]}")
 
-        for round_no in range(max_rounds):
-            left = cases - sum(statuses.values())
-            if left <= 0:
-                break
-            for op in operations:
-                @seed(round_no)
-                @given(case=op.as_strategy())
-                @settings(max_examples=max(1, left // len(operations)), **SETTINGS)  # type: ignore[arg-type]
-                def probe(case: Any) -> None:
-                    probe_case(case)
+        with contextlib.suppress(_OutOfTime):
+            for round_no in range(max_rounds):
+                left = cases - sum(statuses.values())
+                if left <= 0:
+                    break
+                for op in operations:
+                    @seed(round_no)
+                    @given(case=op.as_strategy())
+                    @settings(max_examples=max(1, left // len(operations)), **SETTINGS)  # type: ignore[arg-type]
+                    def probe(case: Any) -> None:
+                        probe_case(case)
 
-                probe()
+                    probe()
     return {"operations": len(operations), "cases": sum(statuses.values()),
+            "out_of_time": time.monotonic() > deadline_s,
             "responses_5xx": sum(n for s, n in statuses.items() if s >= 500), "connection_errors": statuses[0],
             "by_status": {str(k): v for k, v in sorted(statuses.items())}, "examples": failures}
 
@@ -108,14 +122,16 @@ def _message(d: dict[str, Any]) -> bytes:
     return bytes(req.SerializeToString())
 
 
-def fuzz_grpc(target: str, cases: int) -> dict[str, Any]:
-    """3/4 of `cases` structured ModelInferRequests, 1/4 raw bytes that are mostly not a valid protobuf."""
+def fuzz_grpc(target: str, cases: int, deadline_s: float) -> dict[str, Any]:
+    """3/4 of `cases` structured ModelInferRequests, 1/4 raw bytes that are mostly not a valid protobuf (fewer if
+    time.monotonic() passes `deadline_s`)."""
     codes: dict[str, Counter[str]] = {"structured": Counter(), "garbage": Counter()}
     examples: list[str] = []
     with grpc.insecure_channel(target) as channel:
         call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
 
         def send(kind: str, raw: bytes) -> None:
+            _check_budget(deadline_s)
             try:
                 call(raw, timeout=60.0)
                 codes[kind]["OK"] += 1
@@ -137,21 +153,27 @@ def fuzz_grpc(target: str, cases: int) -> dict[str, Any]:
         def garbage(raw: bytes) -> None:
             send("garbage", raw)
 
-        structured()
-        garbage()
+        with contextlib.suppress(_OutOfTime):
+            structured()
+            garbage()
     errors = {k: sum(c[s.name] for s in SERVER_ERRORS) for k, c in codes.items()}
     return {"cases": sum(sum(c.values()) for c in codes.values()), "server_errors": sum(errors.values()),
             "server_errors_structured": errors["structured"], "server_errors_garbage": errors["garbage"],
-            "by_code": {k: dict(c) for k, c in codes.items()}, "examples": examples}
+            "by_code": {k: dict(c) for k, c in codes.items()}, "examples": examples,
+            "out_of_time": time.monotonic() > deadline_s}
 
 
-def run(log_dir: Path, http_cases: int, grpc_cases: int) -> dict[str, Any]:
-    args = ["--model-repository", "models", "--no-access-log", "--log-level", "warning"]
+def run(log_dir: Path, http_cases: int, grpc_cases: int, budget_s: float) -> dict[str, Any]:
+    """The HTTP fuzz gets up to 2/3 of `budget_s`, gRPC the rest (each stops early when its cases are done)."""
+    # explicit model control: load / unload answer for real (with `none` every call is refused with a 503, as
+    # Triton does), and the fuzz reaches their code; random names never match a served model
+    args = ["--model-repository", "models", "--no-access-log", "--log-level", "warning", "--model-control-mode",
+            "explicit"]
     with headroom("serve", args, log_dir, grpc=True) as srv:
         rss_before = rss_mb(srv.process.pid)
         t0 = time.monotonic()
-        http = fuzz_http(srv.url, http_cases)
-        rpc = fuzz_grpc(srv.grpc_target, grpc_cases)
+        http = fuzz_http(srv.url, http_cases, t0 + budget_s * 2 / 3)
+        rpc = fuzz_grpc(srv.grpc_target, grpc_cases, t0 + budget_s)
         alive = srv.process.poll() is None
         rss_after = rss_mb(srv.process.pid) if alive else None
     return {"http": http, "grpc": rpc, "seconds": time.monotonic() - t0, "server_alive": alive,

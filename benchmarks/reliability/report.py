@@ -22,11 +22,18 @@ def _le(value: Any, limit: float) -> bool | None:
     return None if value is None else bool(value <= limit)
 
 
+def _spent(fuzz: dict[str, Any]) -> str:
+    return ", time budget spent" if fuzz.get("out_of_time") else ""
+
+
 def markdown(r: dict[str, Any]) -> str:
     rows = ["| scenario | measured | target | met |", "|---|---|---|---|"]
     if "overload" in r:
         o = r["overload"]
         load = f"{_f(o['offered_per_s'])}/s offered vs {_f(o['capacity_per_s'])}/s capacity, {_f(o['duration_s'], 0)} s"
+        if o.get("client_lag_p99_ms") is not None:
+            load += (f"; client lag p99 {_f(o['client_lag_p99_ms'])} ms, client CPU "
+                     f"{_f(100 * o['client_cpu_share'], 0)}%")
         rows.append(_row(f"overload ({load}): rejection p99", f"{_f(o['rejection_p99_ms'])} ms", "<= 20 ms",
                          _le(o["rejection_p99_ms"], 20.0)))
         rows.append(_row("overload: accepted p99", f"{_f(o['accepted_p99_ms'])} ms", f"<= {_f(o['slo_ms'], 0)} ms",
@@ -51,12 +58,13 @@ def markdown(r: dict[str, Any]) -> str:
                              value is not None and value <= 100.0))
     if "fuzz" in r:
         z = r["fuzz"]
-        rows.append(_row(f"fuzz HTTP ({z['http']['cases']} cases, {z['http']['operations']} operations): >= 500",
-                         str(z["http"]["responses_5xx"]), "0", z["http"]["responses_5xx"] == 0))
-        g = z["grpc"]
-        rows.append(_row(f"fuzz gRPC ModelInfer ({g['cases']} cases): INTERNAL/UNKNOWN",
+        h, g = z["http"], z["grpc"]
+        rows.append(_row(f"fuzz HTTP ({h['cases']} cases{_spent(h)}, {h['operations']} operations): >= 500",
+                         str(h["responses_5xx"]), "0 of >= 10,000", h["responses_5xx"] == 0 and h["cases"] >= 10_000))
+        rows.append(_row(f"fuzz gRPC ModelInfer ({g['cases']} cases{_spent(g)}): INTERNAL/UNKNOWN",
                          f"{g['server_errors']} ({g['server_errors_structured']} well-formed, "
-                         f"{g['server_errors_garbage']} undecodable bytes)", "0", g["server_errors"] == 0))
+                         f"{g['server_errors_garbage']} undecodable bytes)", "0 of >= 10,000",
+                         g["server_errors"] == 0 and g["cases"] >= 10_000))
         rows.append(_row("fuzz: server RSS growth", f"{_f(z['rss_growth_mb'])} MB", "< 50 MB",
                          None if z["rss_growth_mb"] is None else z["rss_growth_mb"] < 50))
     return "\n".join(rows) + "\n"

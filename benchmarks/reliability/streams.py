@@ -1,12 +1,13 @@
 """Abandoned LLM streams: 16 clients start a long generation, read the first token, and hang up. How soon
 do /metrics show no running request and the KV cache back at its idle usage?
 
-A poller with a warm keep-alive connection reads /metrics every 5 ms from before the first stream opens, so a
-figure is the arrival of the first idle sample after the last client closed (an upper bound on the server's
-own delay, not the cost of opening a connection afterwards). The server aborts a disconnected stream at the
-next engine-step boundary, so the delay is bounded below by the step running at the disconnect: the mean
-time per engine step while the streams ran (`engine_step_mean_ms`, from the same /metrics) is reported next
-to it, and so is the mean time a /metrics page took to arrive (`metrics_poll_mean_ms`, the resolution).
+A poller with a warm keep-alive connection reads /metrics (only the series it needs, `?name[]=`) every 5 ms
+from before the first stream opens, so a figure is the arrival of the first idle sample after the last client
+closed (an upper bound on the server's own delay, not the cost of opening a connection afterwards). Once the
+last stream of the step in flight is gone, that step is cancelled at its next layer boundary (`steps_cancelled`,
+from the same /metrics); the mean time per engine step while the streams ran (`engine_step_mean_ms`) is reported
+next to the delay, and so is the mean time a /metrics page took to arrive (`metrics_poll_mean_ms`, the
+resolution).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from benchmarks.reliability.common import headroom
 RUNNING = "headroom_llm_num_requests_running"
 KV_USAGE = "headroom_llm_kv_cache_usage_perc"
 STEPS = "headroom_llm_iteration_tokens_total_count"  # one observation per engine step
+CANCELLED = "headroom_llm_steps_cancelled_total"  # steps stopped early: all their requests aborted
 
 
 def gauges(text: str) -> dict[str, float]:
@@ -44,8 +46,8 @@ class Sample:
 
 
 async def _poll(client: httpx.AsyncClient, samples: list[Sample], stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        text = (await client.get("/metrics")).text
+    while not stop.is_set():  # only the 3 series read here: a page of ~0.5 kB instead of ~70 kB (finer resolution)
+        text = (await client.get("/metrics", params={"name[]": [RUNNING, KV_USAGE, STEPS, CANCELLED]})).text
         samples.append(Sample(time.monotonic(), gauges(text)))
         await asyncio.sleep(0.005)
 
@@ -97,6 +99,7 @@ async def _measure(url: str, streams: int, idle_kv: float, timeout_s: float) -> 
             "at_100ms": None if at_100ms is None else {"running": at_100ms.values.get(RUNNING, -1.0),
                                                        "kv_usage": at_100ms.values.get(KV_USAGE, -1.0)},
             "engine_step_mean_ms": step_ms, "metrics_samples": len(samples),
+            "steps_cancelled": samples[-1].values.get(CANCELLED, 0.0) - samples[0].values.get(CANCELLED, 0.0),
             "metrics_poll_mean_ms": sum(gaps) / len(gaps) * 1e3 if gaps else None}
 
 

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import Cancelled, HeadroomError, InvalidRequest, PayloadTooLarge, RateLimited
 from headroom.core.server_timing import parse_server_timing
+from headroom.gateway.access import log_refusal
 from headroom.gateway.asgi import (
     ASGIApp,
     Message,
@@ -167,6 +168,7 @@ class GatewayMiddleware:
         tenant, key_id = self.config.anonymous_tenant, ""
         ingress: IngressSpan | None = None
         status = {"code": 0}
+        refused = ""  # the reason when the gateway answered itself (the data plane never sees the request)
         state: dict[str, Any] = {}
         server_timing: list[bytes] = []
         reserved_tokens = 0  # LLM completion tokens charged up front, settled when the request ends
@@ -207,14 +209,14 @@ class GatewayMiddleware:
                     if is_llm_path(path) and self.limiter.config_for(tenant).llm_tokens.enabled:
                         reserved_tokens = estimate.completion_tokens
             except HeadroomError as exc:  # 408/413: the body was not read, so hang up after answering
-                status["code"] = exc.http_status
+                status["code"], refused = exc.http_status, exc.reason
                 if self.refused is not None:
                     self.refused.labels(tenant, exc.reason).inc()
                 close = isinstance(exc, RequestTimeout | PayloadTooLarge)
                 await send_error(send, exc, path, request_id, close=close)
                 return
             except _ClientGone:
-                status["code"] = Cancelled.http_status
+                status["code"], refused = Cancelled.http_status, Cancelled.reason
                 return
             if self.tracer_provider is not None:
                 parent = parse_traceparent((header_value(headers, b"traceparent") or b"").decode("latin-1"))
@@ -254,6 +256,8 @@ class GatewayMiddleware:
                 if usage is not None:
                     fields.update(usage.log_fields())
                 access_log.info("%s %s %d", scope["method"], path, status["code"], extra={"fields": fields})
+            elif refused and not wanted:  # the app behind writes the other lines; it never saw this request
+                log_refusal(path, status["code"], refused, (self.clock.now_s() - started_s) * 1e3)
             reset_context(token)
 
     # -- steps -------------------------------------------------------------------------------------------

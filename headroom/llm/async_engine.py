@@ -4,7 +4,9 @@ The event loop never runs model code: `generate()` sends an "add" command to the
 the admission verdict (InvalidRequest / RateLimited surface there), then yields `SequenceOutput`s pushed
 back with `call_soon_threadsafe`. Leaving the stream early (`aclose()`: client disconnect, deadline) sends an
 "abort" command, which frees the request's blocks before the next step; closing works also on a stream whose
-first `__anext__` was cancelled before it ever ran (`asyncio.wait_for` with a deadline already past).
+first `__anext__` was cancelled before it ever ran (`asyncio.wait_for` with a deadline already past). An abort
+also tells the engine's `StepCancel`: once every request of the step in flight is being aborted, that step stops
+at its next layer boundary instead of running to its end, so the blocks and gauges are freed within a layer.
 
 If the step loop dies (an exception that no single sequence owns, e.g. in the model's forward), every open
 stream ends with a 500, new requests get 503, `alive()` turns false and `on_fatal(exc)` is called from the
@@ -120,9 +122,9 @@ class AsyncLLMEngine:
         try:
             await admitted
         except asyncio.CancelledError:
-            self._commands.put(_Abort(request_id))
+            self._abort(request_id)
             raise
-        return _OutputStream(self._commands, request_id, params.n, stream)
+        return _OutputStream(self._abort, request_id, params.n, stream)
 
     def idle(self) -> bool:
         """No request is queued for or running in the engine (a reload drains the old engine until idle)."""
@@ -134,13 +136,19 @@ class AsyncLLMEngine:
         return self._cached
 
     async def abort(self, request_id: str) -> None:
+        self._abort(request_id)
+
+    def _abort(self, request_id: str) -> None:
+        """Queue the abort, then let it cancel the step in flight if that step carries nothing else."""
         self._commands.put(_Abort(request_id))
+        self.engine.cancel.request_abort(request_id)
 
     # --- the engine thread ------------------------------------------------------------------------------
     def _handle(self, cmd: _Add | _Abort) -> None:
         if isinstance(cmd, _Abort):
             self._deliver_all(self.engine.abort(cmd.request_id))
             self._streams.pop(cmd.request_id, None)
+            self.engine.cancel.forget(cmd.request_id)
             return
         try:
             self._add(cmd)
@@ -241,12 +249,12 @@ class _OutputStream:
 
     def __init__(
         self,
-        commands: queue.SimpleQueue[_Add | _Abort | None],
+        abort: Callable[[str], None],
         request_id: str,
         n: int,
         stream: asyncio.Queue[SequenceOutput | BaseException],
     ) -> None:
-        self._commands = commands  # the engine thread's command queue
+        self._abort = abort  # queues the request's abort for the engine thread
         self._request_id = request_id  # user-visible id
         self._remaining = n  # choices not finished yet
         self._stream = stream  # outputs pushed by the engine thread
@@ -269,7 +277,7 @@ class _OutputStream:
         """Abort the request unless every choice finished (idempotent)."""
         if self._remaining:
             self._remaining = 0
-            self._commands.put(_Abort(self._request_id))
+            self._abort(self._request_id)
 
 
 def _set_result(fut: asyncio.Future[None]) -> None:

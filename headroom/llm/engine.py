@@ -14,8 +14,6 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
@@ -23,7 +21,7 @@ from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import ContextLengthExceeded, HeadroomError, InvalidRequest, RateLimited
 from headroom.llm.config import EngineConfig
 from headroom.llm.grammar import MATCHER_KEY, MaskWorker, StepMasks, advance, compiler_for, new_matcher
-from headroom.llm.kv_cache import KVCacheManager
+from headroom.llm.kv_cache import KVCacheManager, KVCacheStats
 from headroom.llm.request import (
     FinishReason,
     Request,
@@ -36,39 +34,12 @@ from headroom.llm.sampler import SamplingError, sample
 from headroom.llm.scheduler import Scheduler, SchedulerLimits
 from headroom.llm.spec_decode import DraftProposer, verify_greedy
 from headroom.llm.step_batch import BatchItem, ModelBatch, Runner
+from headroom.llm.step_cancel import StepCancel, StepCancelled
+from headroom.llm.step_stats import EngineObserver, StepStats
 from headroom.llm.stopping import check_stop
 from headroom.llm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger("headroom.llm")
-
-
-@dataclass(frozen=True, slots=True)
-class StepStats:
-    """What one step did (for metrics and logs)."""
-
-    num_running: int  # sequences running after the step
-    num_waiting: int  # sequences waiting after the step
-    kv_cache_usage: float  # fraction of blocks referenced
-    num_batched_tokens: int  # tokens run in the step
-    num_preempted: int  # preemptions during the step's scheduling
-    prompt_tokens: int  # prompt tokens of sequences that got their first token this step
-    generation_tokens: int  # output tokens produced this step
-    prefix_queries_tokens: int  # prompt tokens looked up in the prefix cache this step
-    prefix_hits_tokens: int  # of those, found cached
-    spec_draft_tokens: int = 0  # speculative tokens proposed this step
-    spec_accepted_tokens: int = 0  # of those, accepted by verification
-
-
-class EngineObserver(Protocol):
-    """Receives timings; the Prometheus metrics implement it."""
-
-    def on_step(self, stats: StepStats) -> None: ...
-
-    def on_token(self, req: Request, now_s: float, first: bool) -> None: ...
-
-    def on_finish(self, req: Request, now_s: float) -> None: ...
-
-    def on_gauges(self, num_running: int, num_waiting: int, kv_cache_usage: float) -> None: ...
 
 
 class LLMEngine:
@@ -118,6 +89,7 @@ class LLMEngine:
         self.spec_accepted_tokens = 0  # of those, accepted
         self.grammars = compiler_for(tokenizer, runner.vocab_size)  # constrained output; None without a tokenizer
         self.mask_worker = MaskWorker()  # computes grammar masks while the forward runs; close() ends it
+        self.cancel = StepCancel()  # cancels the step in flight once all its requests are being aborted (any thread)
 
     def close(self) -> None:  # ends the grammar mask thread; the engine must not step afterwards
         self.mask_worker.close()
@@ -250,7 +222,15 @@ class LLMEngine:
             )
         sampling = [reqs[s.request_id] for s in decision.seqs if s.samples]
         masks = StepMasks(self.mask_worker, sampling, self.runner.vocab_size)  # computed during the forward
-        logits = self.runner.execute(ModelBatch(tuple(items), self.config.block_size_tokens))
+        batch = ModelBatch(tuple(items), self.config.block_size_tokens, self.cancel.flag_address)
+        self.cancel.begin({reqs[s.request_id].parent_id for s in decision.seqs})
+        try:
+            logits = self.runner.execute(batch)
+        except StepCancelled:  # every request in it is being aborted: their queued aborts free the blocks next
+            self.cancel.end(cancelled=True)
+            self._report(before, 0, len(decision.preempted), 0, 0, 0, 0, cancelled=True)
+            return []
+        self.cancel.end(cancelled=False)
         now = self.clock.now_s()
         # rows per sampling item: 1 + its drafts; plain items are sampled together, speculative ones verified
         plain: list[tuple[int, Request]] = []
@@ -312,6 +292,13 @@ class LLMEngine:
             outs.extend(self._fail(req, err, now))
         self.spec_draft_tokens += drafted
         self.spec_accepted_tokens += accepted
+        self._report(before, decision.num_batched_tokens, len(decision.preempted), prompt_tokens, generated, drafted,
+                     accepted)
+        return outs
+
+    def _report(self, before: KVCacheStats, num_batched_tokens: int, num_preempted: int, prompt_tokens: int,
+                generated: int, drafted: int, accepted: int, cancelled: bool = False) -> None:
+        """Hand the observer the step's StepStats (`before`: the KV stats when the step began)."""
         if self.observer is not None:
             after = self.kv.stats()
             self.observer.on_step(
@@ -319,17 +306,17 @@ class LLMEngine:
                     num_running=len(self.scheduler.running),
                     num_waiting=len(self.scheduler.waiting),
                     kv_cache_usage=after.usage,
-                    num_batched_tokens=decision.num_batched_tokens,
-                    num_preempted=len(decision.preempted),
+                    num_batched_tokens=num_batched_tokens,
+                    num_preempted=num_preempted,
                     prompt_tokens=prompt_tokens,
                     generation_tokens=generated,
                     prefix_queries_tokens=after.prefix_queries_tokens - before.prefix_queries_tokens,
                     prefix_hits_tokens=after.prefix_hits_tokens - before.prefix_hits_tokens,
                     spec_draft_tokens=drafted,
                     spec_accepted_tokens=accepted,
+                    cancelled=cancelled,
                 )
             )
-        return outs
 
     def _append(self, req: Request, emitted: tuple[list[int], list[TokenLogprob | None]],
                 now: float) -> tuple[int, str]:

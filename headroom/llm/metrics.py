@@ -31,6 +31,8 @@ Naming: vLLM's metric names and meanings with the `vllm:` prefix replaced by `he
     headroom_llm_request_success_total{finished_reason} counter  finished requests (stop | length | abort)
     headroom_llm_spec_decode_num_draft_tokens_total    counter    speculative tokens proposed (n-gram or draft model)
     headroom_llm_spec_decode_num_accepted_tokens_total counter    of those, accepted (rate = accepted / draft)
+    headroom_llm_steps_cancelled_total                counter    engine steps stopped early because every request
+                                                                 in them was aborted (headroom only)
     headroom_llm_cold_start_seconds{stage}            gauge      time of each cold-start stage
 """
 
@@ -41,8 +43,8 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
-from headroom.llm.engine import StepStats
 from headroom.llm.request import Request
+from headroom.llm.step_stats import StepStats
 from headroom.llm.vllm_metrics import register_vllm_aliases
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0)
@@ -86,6 +88,7 @@ class LLMMetrics:
         self.generation_tokens = counter("generation_tokens", "Generated tokens.")
         self.spec_draft = counter("spec_decode_num_draft_tokens", "Speculative tokens proposed.")
         self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Speculative tokens accepted.")
+        self.steps_cancelled = counter("steps_cancelled", "Engine steps stopped early: all their requests aborted.")
         self.success = Counter(
             P + "request_success", "Finished requests.", ["model_name", "finished_reason"], registry=registry
         )
@@ -126,6 +129,7 @@ class LLMMetrics:
         self.generation_tokens.labels(m).inc(stats.generation_tokens)
         self.spec_draft.labels(m).inc(stats.spec_draft_tokens)
         self.spec_accepted.labels(m).inc(stats.spec_accepted_tokens)
+        self.steps_cancelled.labels(m).inc(stats.cancelled)
         if stats.num_batched_tokens:
             self.iteration_tokens.labels(m).observe(stats.num_batched_tokens)
 

@@ -62,7 +62,7 @@ class NativeRunner:
         return self.threads.now
 
     def execute(self, batch: ModelBatch) -> np.ndarray:
-        return self.threads.run(batch, lambda threads: self.kernel.step(batch, threads))
+        return self.threads.run(batch, lambda threads: self.kernel.step(batch, threads, batch.cancel_flag_address))
 
     def swap_out(self, block_ids: Sequence[int]) -> object:
         return swap_out_blocks(self.kv_caches, self.block_size, block_ids)

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 from headroom.core.clock import Clock
 from headroom.llm.config import DecoderConfig, EngineConfig
 from headroom.llm.device import resolve_placement
-from headroom.llm.engine import EngineObserver, LLMEngine
+from headroom.llm.engine import LLMEngine
 from headroom.llm.native_runner import NativeRunner
 from headroom.llm.native_weights import load_native, weight_format
 from headroom.llm.request import SamplingParams, SequenceOutput
 from headroom.llm.spec_decode import DraftProposer
 from headroom.llm.step_batch import Runner
+from headroom.llm.step_stats import EngineObserver
 from headroom.llm.tokenizer import Tokenizer
 from headroom.llm.weights import TokenizerFiles, load_checkpoint, resolve_model_path
 

@@ -32,6 +32,7 @@ class ModelBatch:
 
     items: tuple[BatchItem, ...]  # in batch order; logits come back in this order (needs_logits only)
     block_size_tokens: int  # tokens per cache block
+    cancel_flag_address: int = 0  # a C int a runner may poll to stop early (StepCancelled); 0 = none
 
 
 class Runner(Protocol):

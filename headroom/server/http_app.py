@@ -126,7 +126,9 @@ class HttpApi:
         return _json({"model_stats": self.dp.model_stats(p.get("model", ""), p.get("version", ""))})
 
     async def metrics(self, request: Request) -> Response:
-        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+        names = request.query_params.getlist("name[]")  # Prometheus' filter: only these series (a cheap page)
+        registry = self.registry.restricted_registry(names) if names else self.registry
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def openapi(self, request: Request) -> Response:
         return _json(openapi_document())

@@ -1,9 +1,12 @@
 """AsyncLLMEngine: a stream closed while a step runs (a client that disconnected) is aborted at that step's end:
-the next step no longer carries it, and the gauges show it gone before that next step starts."""
+the next step no longer carries it, and the gauges show it gone before that next step starts. When every request
+of the step in flight is closed, that step is cancelled (the runner sees the flag) and the blocks are freed at once.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +18,9 @@ from headroom.llm.async_engine import AsyncLLMEngine
 from headroom.llm.config import EngineConfig
 from headroom.llm.engine import LLMEngine
 from headroom.llm.request import SamplingParams
-from headroom.llm.runner import ModelBatch
+from headroom.llm.step_batch import ModelBatch
+from headroom.llm.step_cancel import StepCancelled
+from tests.support.waiting import until
 
 LONG = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
 WAIT_S = 30.0  # generous bound for a thread handshake on a loaded machine
@@ -41,6 +46,16 @@ class Gauges:
         self.seen.append((self.steps(), num_running, num_waiting, kv_cache_usage))
 
 
+def _started(runner: Any) -> tuple[LLMEngine, AsyncLLMEngine, Gauges]:
+    """An engine over the (gated) fake runner, recording its gauges, with its step thread started."""
+    gauges = Gauges(lambda: len(runner.batches))
+    engine = LLMEngine(runner, EngineConfig(block_size_tokens=4), max_model_len=256, clock=FakeClock(),
+                       observer=gauges)
+    async_engine = AsyncLLMEngine(engine)
+    async_engine.start()
+    return engine, async_engine, gauges
+
+
 async def test_a_stream_closed_during_a_step_is_aborted_at_that_steps_end(fake_runner: Callable[..., Any]) -> None:
     runner = fake_runner(64, vocab_size=50)
     execute = runner.execute
@@ -58,11 +73,7 @@ async def test_a_stream_closed_during_a_step_is_aborted_at_that_steps_end(fake_r
         return out
 
     runner.execute = gated
-    gauges = Gauges(lambda: len(runner.batches))
-    engine = LLMEngine(runner, EngineConfig(block_size_tokens=4), max_model_len=256, clock=FakeClock(),
-                       observer=gauges)
-    async_engine = AsyncLLMEngine(engine)
-    async_engine.start()
+    engine, async_engine, gauges = _started(runner)
     stays = None
     try:
         gone = await async_engine.generate("gone", [1, 2, 3], LONG)
@@ -85,3 +96,46 @@ async def test_a_stream_closed_during_a_step_is_aborted_at_that_steps_end(fake_r
             await stays.aclose()  # type: ignore[attr-defined]
         await async_engine.stop()
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+async def test_a_step_whose_requests_were_all_closed_is_cancelled(fake_runner: Callable[..., Any]) -> None:
+    """The flag that the native step reads between layers is set only once the last request of the step in flight
+    is closed; the runner then stops early (this fake checks the flag where the C step would), the step's outputs
+    are dropped, and both requests' blocks are freed with the gauges at zero, without another step."""
+    runner = fake_runner(64, vocab_size=50)
+    execute = runner.execute
+    entered, release = threading.Event(), threading.Event()
+
+    def cancellable(batch: ModelBatch) -> np.ndarray:
+        if not entered.is_set() and {it.request_id for it in batch.items} >= {"a", "b"}:
+            entered.set()
+            release.wait(WAIT_S)
+            if ctypes.c_int.from_address(batch.cancel_flag_address).value:
+                raise StepCancelled("cancelled between layers")
+        out: np.ndarray = execute(batch)
+        return out
+
+    runner.execute = cancellable
+    engine, async_engine, gauges = _started(runner)
+    try:
+        a = await async_engine.generate("a", [1, 2, 3], LONG)
+        b = await async_engine.generate("b", [4, 5, 6, 7, 8], LONG)
+        assert await asyncio.to_thread(entered.wait, WAIT_S)
+        held_step = len(runner.batches)
+        await a.aclose()  # type: ignore[attr-defined]
+        assert not engine.cancel.requested  # "b" still wants this step
+        await b.aclose()  # type: ignore[attr-defined]
+        assert engine.cancel.requested  # nobody does any more
+        release.set()
+        await until(async_engine.idle, "the aborts to be handled")
+        await until(lambda: bool(gauges.seen) and gauges.seen[-1][1:] == (0, 0, 0.0), "idle gauges")
+        assert engine.cancel.steps_cancelled == 1
+        assert len(runner.batches) == held_step  # the cancelled step produced nothing and no step followed
+        assert engine.kv.num_free_blocks == engine.kv.num_blocks
+        assert not engine.cancel.requested
+        c = await async_engine.generate("c", [9, 10], SamplingParams(temperature=0.0, max_tokens=3))
+        assert len([out async for out in c]) == 3  # the engine goes on
+    finally:
+        release.set()
+        await async_engine.stop()
+    assert engine.cancel.steps_cancelled == 1

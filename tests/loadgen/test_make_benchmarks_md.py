@@ -48,3 +48,18 @@ def test_render_groups_by_directory_and_compares_with_the_first(tmp_path: Path) 
     assert rows[1].startswith("| on |") and "p99 0.50x" in rows[1]
     assert "`junk.json`" in text
     assert np.isclose(float(rows[1].split("|")[7]), 10.0, rtol=0.01)
+
+
+def test_the_latest_reliability_table_is_placed_after_the_summary(tmp_path: Path) -> None:
+    for stamp, verdict in (("20260101T000000Z", "old"), ("20260102T000000Z", "new")):
+        (tmp_path / f"reliability_{stamp}.md").write_text(f"| scenario | measured |\n| x | {verdict} |\n")
+        (tmp_path / f"reliability_{stamp}.json").write_text(json.dumps(
+            {"started_utc": stamp, "total_seconds": 600.0, "note": f"load {verdict}"}))
+    summary = tmp_path / "summary.md"
+    summary.write_text("# Summary\n")
+    out = tmp_path / "BENCHMARKS.md"
+    assert _script().main(["--results", str(tmp_path), "--out", str(out), "--summary", str(summary)]) == 0
+    text = out.read_text()
+    assert text.index("# Summary") < text.index("## Reliability") < text.index("## headroom bench runs")
+    assert "| x | new |" in text and "| x | old |" not in text
+    assert "reliability_20260102T000000Z.md" in text and "10.0 min" in text and "load new" in text

@@ -114,6 +114,57 @@ def test_abandoned_streams_leave_the_gauges_at_idle(llm_server: RunningServer) -
     while _gauges(llm_server) != (0.0, 0.0, 0.0):  # polled with a bound: the server has nothing to await on
         assert time.monotonic() < deadline, f"gauges not idle 10 s after the disconnects: {_gauges(llm_server)}"
         time.sleep(0.01)
+def _steps_cancelled(srv: RunningServer) -> float:
+    for line in httpx.get(srv.url + "/metrics").text.splitlines():
+        if line.startswith('headroom_llm_steps_cancelled_total{model_name="smollm2"}'):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no headroom_llm_steps_cancelled_total for smollm2")
+
+
+def test_streams_abandoned_during_their_prefill_cancel_the_step_in_flight(llm_server: RunningServer) -> None:
+    """16 clients send a long prompt each and go away once admitted, while the engine prefills them in chunks of
+    512 tokens: the step in flight when the last one leaves carries only abandoned requests, so it stops at its
+    next layer boundary (the counter says so) instead of running to its end, and the gauges go back to idle.
+
+    The last disconnect can also land in the short gap between two steps (then nothing is in flight to cancel):
+    up to 3 rounds with fresh prompts, and at least one must have cancelled a step."""
+
+    async def abandon(round_no: int) -> None:
+        async with httpx.AsyncClient(base_url=llm_server.url, timeout=60) as client, AsyncExitStack() as streams:
+            async def admitted(i: int) -> None:
+                words = " ".join(f"lighthouse{round_no}x{i}x{k}" for k in range(60))  # hundreds of fresh tokens each
+                body = {"model": "smollm2", "prompt": words, "stream": True, "max_tokens": 200, "temperature": 0}
+                resp = await streams.enter_async_context(client.stream("POST", "/v1/completions", json=body))
+                assert resp.status_code == 200  # headers arrive at admission, before the first token
+
+            await asyncio.gather(*(admitted(i) for i in range(16)))
+        # leaving the stack closed the 16 responses: 16 client disconnects during the prefill
+
+    before = _steps_cancelled(llm_server)
+    for round_no in range(3):
+        asyncio.run(abandon(round_no))
+        deadline = time.monotonic() + 30.0
+        while _gauges(llm_server) != (0.0, 0.0, 0.0):  # polled with a bound: the server has nothing to await on
+            assert time.monotonic() < deadline, f"gauges not idle 30 s after the disconnects: {_gauges(llm_server)}"
+            time.sleep(0.01)
+        if _steps_cancelled(llm_server) > before:
+            break
+    assert _steps_cancelled(llm_server) > before, "no step was cancelled in 3 rounds of abandoned prefills"
+
+
+def test_metrics_filtered_by_name_is_a_page_of_only_those_series(llm_server: RunningServer) -> None:
+    """`/metrics?name[]=...` (Prometheus' filter): the pollers of the reliability suite read 3 series cheaply."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = ["headroom_llm_num_requests_running", "headroom_llm_kv_cache_usage_perc",
+              "headroom_llm_steps_cancelled_total"]
+    page = httpx.get(llm_server.url + "/metrics", params={"name[]": wanted})
+    assert page.status_code == 200
+    names = {sample.name for family in text_string_to_metric_families(page.text) for sample in family.samples}
+    assert names == set(wanted)
+    assert len(page.content) * 20 < len(httpx.get(llm_server.url + "/metrics").content)
+
+
 VLLM_DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "vllm-dashboard.json"
 # vLLM's metric names (docs/design/metrics.md, V1), each exported with the labels model_name and engine
 VLLM_SERIES = (

@@ -31,7 +31,7 @@ SOURCE_NAMES = (
 )  # fmt: skip  # hashed; the .c files are compiled
 BASELINE_PREFIX = "native"  # sources compiled without arch_flags (run-time ISA dispatch inside)
 BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
-ABI_VERSION = 4  # hr_abi_version() of the sources this module drives
+ABI_VERSION = 5  # hr_abi_version() of the sources this module drives
 
 
 class KernelUnavailableError(RuntimeError):

@@ -23,6 +23,7 @@ import numpy as np
 from headroom.llm.config import DecoderConfig
 from headroom.llm.kernels.native_gemm import ISA_NAMES, CQTensor, c_qtensor, pack_tensor, resolve_isa
 from headroom.llm.quant_blocks import QK, QTensor
+from headroom.llm.step_cancel import StepCancelled
 
 if TYPE_CHECKING:
     from headroom.llm.step_batch import ModelBatch
@@ -214,7 +215,7 @@ class NativeStepKernel:
             c_qtensor(weights.lm_head),
         )  # fmt: skip
         self._fn = lib.hr_native_step
-        self._fn.argtypes = [ctypes.POINTER(NativeModel), _I, _P, _P, _P, _I, _P, _I, _P, _I, _P, _I, _I]
+        self._fn.argtypes = [ctypes.POINTER(NativeModel), _I, _P, _P, _P, _I, _P, _I, _P, _I, _P, _I, _I, _P]
         self._fn.restype = ctypes.c_int
 
     def _packed(self, lib: ctypes.CDLL, t: QTensor) -> CQTensor:
@@ -231,9 +232,10 @@ class NativeStepKernel:
         self._keep.append(arr)
         return int(arr.ctypes.data)
 
-    def step(self, batch: ModelBatch, num_threads: int = 1) -> np.ndarray:
+    def step(self, batch: ModelBatch, num_threads: int = 1, cancel_flag_address: int = 0) -> np.ndarray:
         """Run the batch; returns fp32 logits [rows, vocab] (TorchRunner.execute's rows). Raises ValueError for an
-        out-of-range token id, position or block (the cache is then untouched)."""
+        out-of-range token id, position or block (the cache is then untouched), StepCancelled when the C int at
+        `cancel_flag_address` (0: none) was non-zero at the end of a layer (the step's K/V may be written)."""
         if batch.block_size_tokens != self.block_size:
             raise ValueError(f"batch block size {batch.block_size_tokens} != the cache's {self.block_size}")
         if not batch.items or not any(it.token_ids for it in batch.items):
@@ -243,8 +245,10 @@ class NativeStepKernel:
         rc = self._fn(
             ctypes.byref(self._model), len(p.ids), p.ids.ctypes.data, p.positions.ctypes.data, p.seq_of.ctypes.data,
             p.tables.shape[0], p.tables.ctypes.data, p.tables.shape[1], p.logit_rows.ctypes.data, len(p.logit_rows),
-            logits.ctypes.data, ISA_NAMES.index(self.isa), max(1, num_threads),
+            logits.ctypes.data, ISA_NAMES.index(self.isa), max(1, num_threads), cancel_flag_address or None,
         )  # fmt: skip
+        if rc == -3:
+            raise StepCancelled("the step was cancelled: every request in it was aborted")
         if rc == -1:
             raise MemoryError("hr_native_step: out of memory")
         if rc != 0:

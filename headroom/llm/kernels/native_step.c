@@ -185,10 +185,12 @@ static int check_step(const hr_native_model *m, int64_t T, const int64_t *ids, c
 
 /* A step of T tokens: token t is ids[t] at position pos[t] of sequence seq_of[t], whose block table is
  * tables[seq_of[t] * max_blocks ...]; logits [num_logits, vocab] for the tokens logit_rows[]. Returns 0; -1 out of
- * memory; -2 an id, position, sequence, block or row out of range, or a bad weight / path (nothing written). */
+ * memory; -2 an id, position, sequence, block or row out of range, or a bad weight / path (nothing written); -3
+ * cancelled: *cancel (NULL: never) was non-zero at the end of a layer, so the step stopped there (the logits are not
+ * written; the step's tokens' K/V may be, in the slots the step was given). */
 int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, const int64_t *pos, const int64_t *seq_of,
                    int64_t num_seqs, const int64_t *tables, int64_t max_blocks, const int64_t *logit_rows,
-                   int64_t num_logits, float *logits, int64_t isa, int64_t num_threads) {
+                   int64_t num_logits, float *logits, int64_t isa, int64_t num_threads, const int *cancel) {
     if (num_threads < 1 || check_step(m, T, ids, pos, seq_of, num_seqs, tables, max_blocks, logit_rows, num_logits, isa))
         return -2;
     const int64_t H = m->hidden, nh = m->num_heads, nkv = m->num_kv_heads, D = m->head_dim, I = m->intermediate;
@@ -228,6 +230,7 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
     for (int64_t t = 0; t < T; t++) own = own && !seen[seq_of[t]]++;
     const float scale = 1.0f / sqrtf((float)D);
     const int vec = isa != HR_ISA_SCALAR && hr_has_avx2() && D % 8 == 0;
+    int stop = 0; /* written once, by the master thread before a layer's last barrier; read by all after it */
 #pragma omp parallel num_threads((int)num_threads)
     {
         hr_qact a;
@@ -266,13 +269,17 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
 #pragma omp barrier
             silu_quantize_team(g, u, xs, T, I, &a, &bufs, isa);
             hr_gemm_team(&ly->down, &a, h, H, 1, isa);
+#pragma omp master
+            if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE)) __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
 #pragma omp barrier
+            if (__atomic_load_n(&stop, __ATOMIC_RELAXED)) break; /* every thread leaves at the same layer */
         }
-        if (num_logits > 0) {
+        if (num_logits > 0 && !__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
             norm_quantize_team(h, logit_rows, num_logits, H, m->final_norm, m->eps, xs, &a, &bufs, isa, 16);
             hr_gemm_team(&m->lm_head, &a, logits, m->vocab, 0, isa);
         }
     }
+    if (stop) rc = -3;
 done:
     free(h), free(xn), free(qb), free(kb), free(vb), free(qr), free(g), free(u), free(d), free(s);
     free(slot), free(seen), free(q8), free(q8t), free(q16);

@@ -14,7 +14,7 @@
 
 #include "common.h"
 
-int hr_abi_version(void) { return 4; }
+int hr_abi_version(void) { return 5; }
 
 int hr_has_avx2(void) { return HR_AVX2; }
 

@@ -16,6 +16,7 @@ from headroom.llm.config import DecoderConfig, EngineConfig
 from headroom.llm.kernels.native import NativeDecoderWeights, NativeLayerWeights, NativeStepKernel, permute_rows
 from headroom.llm.model import build_model
 from headroom.llm.runner import BatchItem, ModelBatch, TorchRunner
+from headroom.llm.step_cancel import StepCancelled
 
 CFG = DecoderConfig(
     vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -178,3 +179,23 @@ def test_validation_and_permute_rows(lib: ctypes.CDLL, weights: NativeDecoderWei
     np.testing.assert_array_equal(permute_rows(t, order).dequantize(), t.dequantize()[order])
     with pytest.raises(ValueError, match="expected one of"):
         NativeStepKernel(lib, weights, _caches(), BS, isa="sse9")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_set_cancel_flag_stops_the_step_after_its_first_layer(lib: ctypes.CDLL, weights: NativeDecoderWeights,
+                                                                isa: str, threads: int) -> None:
+    """The flag is read at every layer's end: set before the call, layer 0's K/V is written and nothing after it
+    (every thread left at the same layer: the call returns). Clear, the logits are those of a call without one."""
+    flag = ctypes.c_int(1)
+    for prompt in (PROMPT[:5], PROMPT):  # per-thread rows (<= 8 tokens) and rows split over the team
+        batch = ModelBatch((_item("a", prompt, 0, TABLE_A), _item("b", prompt[:3], 0, (1,))), BS)
+        caches = _caches()
+        kernel = NativeStepKernel(lib, weights, caches, BS, isa)
+        with pytest.raises(StepCancelled):
+            kernel.step(batch, threads, ctypes.addressof(flag))
+        assert caches[0][0].any() and caches[0][1].any()  # layer 0 ran
+        assert all(not k.any() and not v.any() for k, v in caches[1:])  # later layers did not
+    clear = ctypes.c_int(0)
+    want = NativeStepKernel(lib, weights, _caches(), BS, isa).step(batch, threads)
+    got = NativeStepKernel(lib, weights, _caches(), BS, isa).step(batch, threads, ctypes.addressof(clear))
+    assert np.array_equal(got, want)

@@ -1,0 +1,39 @@
+"""What the engine reports: `StepStats` after every step, and the `EngineObserver` that receives them with
+per-token, finish and gauge events (the Prometheus metrics implement it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from headroom.llm.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """What one step did (for metrics and logs)."""
+
+    num_running: int  # sequences running after the step
+    num_waiting: int  # sequences waiting after the step
+    kv_cache_usage: float  # fraction of blocks referenced
+    num_batched_tokens: int  # tokens run in the step
+    num_preempted: int  # preemptions during the step's scheduling
+    prompt_tokens: int  # prompt tokens of sequences that got their first token this step
+    generation_tokens: int  # output tokens produced this step
+    prefix_queries_tokens: int  # prompt tokens looked up in the prefix cache this step
+    prefix_hits_tokens: int  # of those, found cached
+    spec_draft_tokens: int = 0  # speculative tokens proposed this step
+    spec_accepted_tokens: int = 0  # of those, accepted by verification
+    cancelled: bool = False  # the step stopped early: every request in it was being aborted (StepCancel)
+
+
+class EngineObserver(Protocol):
+    """Receives timings; the Prometheus metrics implement it."""
+
+    def on_step(self, stats: StepStats) -> None: ...
+
+    def on_token(self, req: Request, now_s: float, first: bool) -> None: ...
+
+    def on_finish(self, req: Request, now_s: float) -> None: ...
+
+    def on_gauges(self, num_running: int, num_waiting: int, kv_cache_usage: float) -> None: ...
