@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.server.conftest import build_test_repository
 from tests.support.server import TRUST_PYTHON, run_server
+from tests.support.waiting import until_sync
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -35,14 +36,20 @@ def test_sigterm_reports_not_ready_and_finishes_in_flight_requests(test_repo: Pa
 
         worker = threading.Thread(target=call)
         worker.start()
-        time.sleep(0.3)
+        until_sync(lambda: _queue_depth(srv.url, "slow") >= 1, timeout_s=60, what="the request is inside the server")
         srv.process.send_signal(signal.SIGTERM)
-        time.sleep(0.1)
-        ready = httpx.get(srv.url + "/v2/health/ready", timeout=5)
-        assert ready.status_code == 503  # not ready at once
+        until_sync(lambda: httpx.get(srv.url + "/v2/health/ready", timeout=5).status_code == 503, timeout_s=10,
+              what="readiness 503 after SIGTERM")  # the request (800 ms) is still in flight
         worker.join(timeout=30)
         assert results and results[0].status_code == 200  # the in-flight request still finished
         assert srv.process.wait(timeout=30) == 0
+
+
+def _queue_depth(url: str, model: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(f'headroom_queue_depth{{model="{model}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def test_invalid_model_config_fails_at_start_with_a_message_naming_the_file(tmp_path: Path) -> None:

@@ -24,3 +24,12 @@ async def until_async(condition: Callable[[], Awaitable[bool]], what: str, timeo
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+def until_sync(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """`until` for a thread without an event loop (a test driving a server process): polled every 10 ms."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.01)
