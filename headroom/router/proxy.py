@@ -207,8 +207,8 @@ class Router:
         decision, self.route_state = choose(self.config.policy, snaps,
                                             key.placement_key() if isinstance(key, PrefixKey) else key,
                                             self.route_state, now, self.rng, self.config.routing)
-        if self.prefix is not None and blocks is not None and decision.replica_id is not None:
-            self.prefix.note_routed(decision.replica_id, blocks, now)
+        if self.prefix is not None:  # cache_aware: count the decision (/metrics), remember where the blocks went
+            self.prefix.note_decision(decision.reason, decision.replica_id, blocks, now)
         return None if decision.replica_id is None else self.replicas[decision.replica_id]
 
     # ------------------------------------------------------------------- for other transports (gRPC)
@@ -299,7 +299,8 @@ class Router:
                              retry_after_s=1.0)
         self.retry_state = tail.budget_deposit(self.retry_state, now, c.retry_budget)
         self.hedge_state = tail.budget_deposit(self.hedge_state, now, c.hedge_budget)
-        key: RouteKey = (await self.prefix.key(body) if self.prefix is not None
+        tenant = request.scope.get("state", {}).get("tenant", "")  # what _outgoing forwards to the replica
+        key: RouteKey = (await self.prefix.key(body, tenant) if self.prefix is not None
                          else request_key(c.policy, request.headers, body, c.affinity_header))
         out = self._outgoing(request, body, d.utilisation, traceparent)
         self.inflight += 1

@@ -159,7 +159,8 @@ class Server:
 
         gateway = self.config.gateway.config  # without API keys every request runs as its anonymous tenant
         tenant = None if gateway.auth_enabled else gateway.anonymous_tenant
-        return ([*routes, *generate.routes(), prefix_blocks_route(cached_blocks, tenant)],
+        forwarded = gateway.trust_tenant_header and not gateway.auth_enabled  # a router's x-headroom-tenant
+        return ([*routes, *generate.routes(), prefix_blocks_route(cached_blocks, tenant, forwarded)],
                 _ModelCards(list(servings.values())))
 
     async def run(self, on_ready: Callable[[Server], None] | None = None) -> None:
