@@ -70,6 +70,9 @@ def deploy_ray(
                                          "`headroom serve --trusted-backends`, docs/SECURITY.md)."),
     replica_num_cpus: float = typer.Option(0.5, min=0.0, help="CPUs each model replica reserves in Ray."),
     ingress_num_cpus: float = typer.Option(0.25, min=0.0, help="CPUs the HTTP ingress replica reserves in Ray."),
+    llm_replicas: int = typer.Option(1, min=1, help="LLM replicas (deployed when the models include a "
+                                     "`backend: llm` one: the OpenAI and generate routes)."),
+    llm_num_cpus: float = typer.Option(1.0, min=0.0, help="CPUs each LLM replica reserves in Ray."),
     host: str = typer.Option("0.0.0.0", help="Address Serve's HTTP proxy binds (127.0.0.1 with --run and no "
                              "--ray-address unless given)."),
     port: int = typer.Option(8000, help="Serve's HTTP port."),
@@ -81,10 +84,10 @@ def deploy_ray(
                                     "local cluster on 127.0.0.1 for this run."),
     ray_num_cpus: int = typer.Option(2, min=1, help="With --run: CPUs of the local cluster."),
 ) -> None:
-    """Run headroom's models as Ray Serve deployments: an HTTP ingress (KServe V2) calling model replicas (one
-    headroom data plane each) through a DeploymentHandle, with headroom's routing policy as Serve's request
-    router, model multiplexing and Serve autoscaling derived from headroom's autoscaler policy. Prints a Serve
-    config file (serve deploy FILE) unless --run."""
+    """Run headroom's models as Ray Serve deployments: an HTTP ingress (KServe V2, OpenAI) calling model replicas
+    (one headroom data plane each) and LLM replicas (headroom's engine and routes) through DeploymentHandles,
+    with headroom's routing policy as Serve's request router, model multiplexing and Serve autoscaling derived
+    from headroom's autoscaler policy. Prints a Serve config file (serve deploy FILE) unless --run."""
     from headroom.ray_serve.app import AppArgs, serve_config
 
     given = given_flags(ctx)
@@ -93,7 +96,8 @@ def deploy_ray(
                             _FLEET_DEFAULTS)
         serve_only: dict[str, Any] = {"multiplex": multiplex, "max_models_per_replica": max_models_per_replica,
                                       "replica_num_cpus": replica_num_cpus, "ingress_num_cpus": ingress_num_cpus,
-                                      "trusted_backends": sorted(parse_trusted(trusted_backends))}
+                                      "trusted_backends": sorted(parse_trusted(trusted_backends)),
+                                      "llm_replicas": llm_replicas, "llm_num_cpus": llm_num_cpus}
         args = AppArgs.model_validate(app_args(fleet, serve_only))
         if serve_router:
             args = args.model_copy(update={"router": "serve"})

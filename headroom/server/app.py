@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from headroom.server.dataplane import DataPlane
 from headroom.server.gc_monitor import GcMonitor
 from headroom.server.grpc_admin import TritonAdminServicer
 from headroom.server.http_app import HttpApi, HttpLimits, build_http_app
+from headroom.server.llm_wiring import wire_llms
 from headroom.server.metrics import ServerMetrics
 from headroom.server.model_manager import ModelManager, served_version
 from headroom.server.repository_poll import RepositoryPoller
@@ -91,16 +92,6 @@ class _UvicornServer(uvicorn.Server):
         yield
 
 
-class _ModelCards:
-    """The LLMs' `/v1/models` entries, read when listed (weights known once loaded; none while unloaded)."""
-
-    def __init__(self, servings: list[Any]) -> None:
-        self._servings = servings
-
-    def __iter__(self) -> Iterator[object]:
-        return iter([card for serving in self._servings for card in serving.model_cards()])
-
-
 class Server:
     """One headroom process: transports, data plane, models. `await run()` until stopped."""
 
@@ -133,35 +124,10 @@ class Server:
     def _llm_routes(self, index_llm: tuple[Any, ...]) -> tuple[list[BaseRoute], Iterable[object]]:
         if not index_llm:
             return [], []
-        from headroom.llm.factory import build_llm_service
-        from headroom.llm.generate import GenerateRoutes
-        from headroom.llm.grpc_generate import GrpcGenerate
-        from headroom.llm.http import openai_routes
-        from headroom.llm.kv_cache import CachedBlocks
-        from headroom.llm.prefix_blocks import prefix_blocks_route
-
-        routes: list[BaseRoute] = []
-        servings = {}
-        for entry in index_llm:
-            service = build_llm_service(entry.config, self.registry, self.lifecycle)
-            self._llm_services.append(service)
-            self.lifecycle.add_readiness_check(service)
-            self.lifecycle.add_liveness_check(service)
-            service.serving.observer = self.dataplane.generative.add(entry.config, service)
-            routes.extend(openai_routes(service.serving))
-            servings[entry.config.name] = service.serving
-        generate = GenerateRoutes(servings, lambda name: bool(self.dataplane.loaded_versions(name)))
-        self._llm_grpc = GrpcGenerate(generate)
-        services = tuple(self._llm_services)
-
-        def cached_blocks() -> dict[str, tuple[int, CachedBlocks]]:
-            return {s.name: cb for s in services if (cb := s.cached_blocks()) is not None}
-
-        gateway = self.config.gateway.config  # without API keys every request runs as its anonymous tenant
-        tenant = None if gateway.auth_enabled else gateway.anonymous_tenant
-        forwarded = gateway.trust_tenant_header and not gateway.auth_enabled  # a router's x-headroom-tenant
-        return ([*routes, *generate.routes(), prefix_blocks_route(cached_blocks, tenant, forwarded)],
-                _ModelCards(list(servings.values())))
+        wiring = wire_llms(index_llm, self.registry, self.lifecycle, self.dataplane, self.config.gateway.config)
+        self._llm_services.extend(wiring.services)
+        self._llm_grpc = wiring.grpc
+        return list(wiring.routes), wiring.cards
 
     async def run(self, on_ready: Callable[[Server], None] | None = None) -> None:
         """Start everything, serve until SIGTERM/SIGINT or `stop()`, then drain and shut down."""

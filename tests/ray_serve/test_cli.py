@@ -17,7 +17,7 @@ from ray.serve.schema import ServeDeploySchema
 from typer.testing import CliRunner
 
 from headroom.cli.main import app
-from headroom.ray_serve.app import INGRESS_DEPLOYMENT, MODELS_DEPLOYMENT, AppArgs
+from headroom.ray_serve.app import INGRESS_DEPLOYMENT, LLM_DEPLOYMENT, MODELS_DEPLOYMENT, AppArgs
 from headroom.ray_serve.spec import ServeAppSpec
 from tests.support.server import free_port
 
@@ -44,6 +44,17 @@ def test_prints_a_valid_serve_config_for_the_given_models(tmp_path: Path) -> Non
     assert args.trusted_backends == ["onnxruntime", "python"]
     assert _models(doc)["num_replicas"] == 3 and doc["http_options"]["port"] == 8100
     assert {d["name"] for d in application["deployments"]} == {INGRESS_DEPLOYMENT, MODELS_DEPLOYMENT}
+
+
+def test_an_llm_model_gets_its_llm_deployment(tmp_path: Path) -> None:
+    code, text = _deploy("--model", "smollm2", "--llm-replicas", "2", "--llm-num-cpus", "2")
+    assert code == 0, text
+    doc = yaml.safe_load(text)
+    ServeDeploySchema.model_validate(doc)
+    deployments = {d["name"]: d for d in doc["applications"][0]["deployments"]}
+    assert set(deployments) == {INGRESS_DEPLOYMENT, LLM_DEPLOYMENT}  # no tensor model: no model deployment
+    assert deployments[LLM_DEPLOYMENT]["num_replicas"] == 2
+    assert deployments[LLM_DEPLOYMENT]["ray_actor_options"] == {"num_cpus": 2.0}
 
 
 def test_router_yaml_feeds_policy_capacity_and_autoscaling_and_flags_win(tmp_path: Path) -> None:
