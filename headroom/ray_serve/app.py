@@ -156,17 +156,30 @@ def _rendered_kinds(spec: ServeAppSpec) -> tuple[bool, bool]:
         return True, False
 
 
-def serve_config(args: AppArgs, host: str = "0.0.0.0", port: int = 8000, name: str = "headroom") -> dict[str, Any]:
-    """A Serve config file (`serve deploy FILE` / `serve run FILE`) for the application `args` describe."""
+#: `grpc_options.grpc_servicer_functions` entry that serves KServe V2 gRPC (headroom.ray_serve.grpc_ingress)
+GRPC_SERVICER_FUNCTION = "headroom.ray_serve.grpc_ingress.add_inference_service"
+
+
+def grpc_options(grpc_port: int) -> dict[str, Any] | None:
+    """Serve's `grpc_options` for KServe V2 gRPC on `grpc_port` (None: no gRPC proxy, when < 0)."""
+    return None if grpc_port < 0 else {"port": grpc_port, "grpc_servicer_functions": [GRPC_SERVICER_FUNCTION]}
+
+
+def serve_config(args: AppArgs, host: str = "0.0.0.0", port: int = 8000, name: str = "headroom",
+                 grpc_port: int = -1) -> dict[str, Any]:
+    """A Serve config file (`serve deploy FILE` / `serve run FILE`) for the application `args` describe
+    (`grpc_port` >= 0: Serve's gRPC proxy there, serving KServe V2 gRPC)."""
     spec = args.spec()  # validates
     tensor, llm = _rendered_kinds(spec)
     chosen = [ingress_deployment_options(spec)]
     chosen += [models_deployment_options(spec, args.autoscaler_config())] if tensor else []
     chosen += [llm_deployment_options(spec)] if llm else []
     deployments = [{k: v for k, v in options.items() if k != "request_router_config"} for options in chosen]
+    grpc = grpc_options(grpc_port)
     return {
         "proxy_location": "EveryNode",
         "http_options": {"host": host, "port": port},
+        **({"grpc_options": grpc} if grpc is not None else {}),
         "applications": [{
             "name": name, "route_prefix": "/", "import_path": IMPORT_PATH,
             "args": args.model_dump(exclude_defaults=True),

@@ -76,6 +76,8 @@ def deploy_ray(
     host: str = typer.Option("0.0.0.0", help="Address Serve's HTTP proxy binds (127.0.0.1 with --run and no "
                              "--ray-address unless given)."),
     port: int = typer.Option(8000, help="Serve's HTTP port."),
+    grpc_port: int = typer.Option(-1, help="Serve's gRPC proxy port, serving KServe V2 gRPC (ModelInfer, "
+                                  "health); -1 = no gRPC proxy."),
     name: str = typer.Option("headroom", help="Serve application name."),
     output: Path | None = typer.Option(None, help="Write the Serve config file here instead of stdout."),
     run: bool = typer.Option(False, "--run", help="Deploy it now and serve until Ctrl-C instead of printing a "
@@ -114,9 +116,9 @@ def deploy_ray(
                        "(make serve / make test install it)", err=True)
             raise typer.Exit(code=2) from None
         bind = host if "host" in given or ray_address else "127.0.0.1"
-        _run(args, bind, port, name, ray_address, ray_num_cpus)
+        _run(args, bind, port, grpc_port, name, ray_address, ray_num_cpus)
         return
-    text = str(yaml.safe_dump(serve_config(args, host, port, name), sort_keys=False))
+    text = str(yaml.safe_dump(serve_config(args, host, port, name, grpc_port), sort_keys=False))
     if output is None:
         typer.echo(text, nl=False)
     else:
@@ -124,10 +126,10 @@ def deploy_ray(
         typer.echo(f"wrote a Serve config to {output}; deploy with: serve deploy {output}", err=True)
 
 
-def _run(args: Any, host: str, port: int, name: str, ray_address: str, ray_num_cpus: int) -> None:
+def _run(args: Any, host: str, port: int, grpc_port: int, name: str, ray_address: str, ray_num_cpus: int) -> None:
     from ray import serve
 
-    from headroom.ray_serve.app import build_app
+    from headroom.ray_serve.app import build_app, grpc_options
     from headroom.router.ray_cluster import RayClusterConfig, connect_ray, shutdown_ray
 
     connect_ray(RayClusterConfig(address=ray_address or None, num_cpus=ray_num_cpus))
@@ -135,7 +137,7 @@ def _run(args: Any, host: str, port: int, name: str, ray_address: str, ray_num_c
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": host, "port": port})
+        serve.start(http_options={"host": host, "port": port}, grpc_options=grpc_options(grpc_port))
         serve.run(build_app(args), name=name, route_prefix="/")
         typer.echo(f"headroom on Ray Serve: http://{host}:{port}/v2/models/<model>/infer (Ctrl-C stops)", err=True)
         stop.wait()

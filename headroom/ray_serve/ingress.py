@@ -40,6 +40,7 @@ from headroom.protocol.v2_http import decode_infer_request, encode_infer_respons
 from headroom.ray_serve.app import LLM_DEPLOYMENT, MODELS_DEPLOYMENT
 from headroom.ray_serve.asgi_call import REPLICA_HEADER
 from headroom.ray_serve.fleet_metrics import FleetMetrics
+from headroom.ray_serve.grpc_ingress import GrpcIngress
 from headroom.ray_serve.openai_ingress import OpenAIIngress
 from headroom.ray_serve.replica import ReplicaAnswer
 from headroom.ray_serve.retries import awaited, first_result
@@ -69,7 +70,7 @@ def _json(payload: object, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
 
 
-class HttpIngress:
+class HttpIngress(GrpcIngress):
     """The Serve deployment body of the ingress (`headroom.ray_serve.app` decorates it)."""
 
     def __init__(self, models: Any, spec: ServeAppSpec, llm: Any = None) -> None:
@@ -78,6 +79,8 @@ class HttpIngress:
         self.spec = spec
         index = ModelRepository(Path(spec.model_repository), spec.trusted_backends).scan(spec.models or None)
         self.configs: dict[str, ModelConfig] = {e.name: e.config for e in index.models}
+        self.llm_names = frozenset(str(e.config.parameters.get("served_model_name") or e.name)
+                                   for e in index.llm_models)
         self._ids = itertools.count(1)
         # GET /ingress/stats
         self.stats = {"requests": 0, "replica_lost_retries": 0, "retries_exhausted": 0, "timeouts": 0}
@@ -113,6 +116,9 @@ class HttpIngress:
             return _json(self.stats)
         return _json({"error": f"no route for {request.method} {path}", "reason": "not_found"}, 404)
 
+    def _request_id(self) -> str:
+        return f"serve-req-{next(self._ids)}"
+
     def _config(self, model: str) -> ModelConfig:
         config = self.configs.get(model)
         if config is None:
@@ -125,7 +131,7 @@ class HttpIngress:
         timeout_ms = client_timeout_ms(request.headers)
         body = await read_body(request, self.spec.max_body_bytes)
         header_length = parse_header_length(request.headers.get("inference-header-content-length"))
-        request_id = request.headers.get("x-request-id") or f"serve-req-{next(self._ids)}"
+        request_id = request.headers.get("x-request-id") or self._request_id()
         decoded = decode_infer_request(body, header_length, model, version, request_id, config)
         if timeout_ms is not None:
             decoded = replace(decoded, timeout_ms=shorter(decoded.timeout_ms, timeout_ms))

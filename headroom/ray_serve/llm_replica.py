@@ -17,13 +17,17 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
+from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry
 
 from headroom.core.clock import MonotonicClock
+from headroom.core.errors import HeadroomError, InvalidRequest
 from headroom.core.lifecycle import ServingLifecycle
 from headroom.gateway.middleware import GatewayConfig
 from headroom.models.repository import ModelRepository
+from headroom.protocol.generated import headroom_inference_pb2 as pb
 from headroom.ray_serve.asgi_call import HttpCall, HttpHead, PagedReplica, call_asgi, replica_app, replica_header
+from headroom.ray_serve.replica import RemoteError
 from headroom.ray_serve.spec import ServeAppSpec
 from headroom.server.dataplane import DataPlane
 from headroom.server.http_app import HttpApi, HttpLimits
@@ -47,6 +51,7 @@ class LLMReplica(PagedReplica):
         # as `headroom serve` without --api-keys-file: every request runs as the anonymous tenant
         wiring = wire_llms(index.llm_models, self.registry, self.lifecycle, self.dataplane, GatewayConfig())
         self.services = wiring.services
+        self.grpc = wiring.grpc  # the LLMs on gRPC ModelInfer (through Serve's gRPC proxy and the ingress)
         for service in self.services:  # loaded and warmed before Serve routes here (a failure fails the replica)
             await service.start()
         api = HttpApi(self.dataplane, self.registry, HttpLimits(spec.max_body_bytes), wiring.cards)
@@ -57,6 +62,17 @@ class LLMReplica(PagedReplica):
         router's."""
         async for item in call_asgi(self.app, call, replica_header(self.replica_id)):
             yield item
+
+    async def grpc_infer(self, message: bytes, request_id: str) -> tuple[bytes | None, RemoteError | None]:
+        """gRPC ModelInfer on an LLM (`text_input` -> `text_output`), as `headroom serve` answers it. Messages
+        travel serialized (the generated classes do not pickle); a headroom error comes back by value."""
+        try:
+            response = await self.grpc.infer(pb.ModelInferRequest.FromString(message), request_id)
+            return response.SerializeToString(), None
+        except HeadroomError as exc:
+            return None, RemoteError.of(exc)
+        except DecodeError as exc:
+            return None, RemoteError.of(InvalidRequest(f"not a ModelInferRequest: {exc}"))
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Serve polls this; headroom's request router reads `queue_depth` (requests admitted, not answered)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from headroom.ray_serve.app import AppArgs, build_app
+from headroom.ray_serve.app import AppArgs, build_app, grpc_options
 from headroom.router.ray_cluster import RayClusterConfig, connect_ray, shutdown_ray
 
 APP = "headroom"
@@ -23,17 +23,24 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def serve_url() -> Iterator[str]:
+def serve_addresses() -> Iterator[tuple[str, str]]:
+    """(Serve's HTTP URL, its gRPC proxy's host:port, serving KServe V2 gRPC)."""
     connect_ray(RayClusterConfig(num_cpus=2))  # a local cluster bound to 127.0.0.1, no dashboard
     from ray import serve
 
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    port, grpc_port = _free_port(), _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port},
+                grpc_options=grpc_options(grpc_port))
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
     finally:
         serve.shutdown()  # type: ignore[no-untyped-call]  # untyped in Ray
         shutdown_ray()
+
+
+@pytest.fixture(scope="module")
+def serve_url(serve_addresses: tuple[str, str]) -> str:
+    return serve_addresses[0]
 
 
 def deploy(repo: Path, **args: Any) -> None:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
 
 from headroom.ray_serve.app import MODELS_DEPLOYMENT
 from headroom.ray_serve.ingress import REPLICA_HEADER, STATS_PATH
@@ -81,6 +84,41 @@ def test_serve_answers_as_headroom_serve_does(repo: Path, serve_url: str, tmp_pa
         assert client.get(f"{serve_url}/v2/models/noop/infer").status_code == 405
         assert client.get(f"{serve_url}/v2/nothing").status_code == 404
         assert _outputs(client.post(f"{serve_url}/v2/models/noop/infer", json=noop_body(5)))[0]["data"] == [5, 6, 7]
+
+
+def _grpc_digits(client: triton_grpc.InferenceServerClient, seed: int) -> np.ndarray:
+    data = np.asarray(digits_body(seed)["inputs"][0]["data"], dtype=np.float32).reshape(1, 1, 8, 8)
+    tensor = triton_grpc.InferInput("input", [1, 1, 8, 8], "FP32")
+    tensor.set_data_from_numpy(data)
+    result = client.infer("digits", [tensor])
+    out: np.ndarray = result.as_numpy("probabilities")
+    return out
+
+
+def _grpc_status(call: Callable[[], object]) -> str:
+    with pytest.raises(InferenceServerException) as failed:
+        call()
+    return str(failed.value.status())
+
+
+def test_kserve_v2_grpc_through_serves_grpc_proxy(repo: Path, serve_addresses: tuple[str, str],
+                                                   tmp_path: Path) -> None:
+    """tritonclient's gRPC client against Serve's gRPC proxy: ModelInfer reaches a model replica through the
+    ingress and answers as `headroom serve`'s gRPC does, errors with the same codes."""
+    deploy(repo, replicas=1, router="serve")
+    via_serve = triton_grpc.InferenceServerClient(serve_addresses[1])
+    with run_server(repo, tmp_path) as server:
+        via_headroom = triton_grpc.InferenceServerClient(server.grpc_target)
+        assert via_serve.is_server_live() and via_serve.is_server_ready() and via_serve.is_model_ready("digits")
+        assert not via_serve.is_model_ready("nope")
+        for seed in range(2):
+            assert np.array_equal(_grpc_digits(via_serve, seed), _grpc_digits(via_headroom, seed))
+        missing = triton_grpc.InferInput("input", [1, 3], "FP32")
+        missing.set_data_from_numpy(np.zeros((1, 3), dtype=np.float32))
+        for client in (via_serve, via_headroom):
+            assert _grpc_status(lambda c=client: c.infer("nope", [missing])) == "StatusCode.NOT_FOUND"
+            assert _grpc_status(lambda c=client: c.infer("digits", [missing])) == "StatusCode.INVALID_ARGUMENT"
+        assert _grpc_status(lambda: via_serve.get_model_metadata("digits")) == "StatusCode.UNIMPLEMENTED"
 
 
 def _replica_of(client: httpx.Client, url: str, model: str, body: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+import tritonclient.grpc as triton_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from headroom.ray_serve.app import LLM_DEPLOYMENT, MODELS_DEPLOYMENT
@@ -30,8 +31,7 @@ MESSAGES = [{"role": "system", "content": "You are a terse assistant."},
 def served(serve_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, RunningServer]]:
     """(Serve's URL with smollm2 + minilm deployed, a `headroom serve` process serving the same models)."""
     deploy(REPO, models=["smollm2", "minilm"], router="prefix", llm_num_cpus=0.5)
-    with run_server(REPO, tmp_path_factory.mktemp("headroom"), ["--model", "smollm2", "--model", "minilm",
-                                                                 "--grpc-port", "-1"]) as server:
+    with run_server(REPO, tmp_path_factory.mktemp("headroom"), ["--model", "smollm2", "--model", "minilm"]) as server:
         yield serve_url, server
 
 
@@ -114,3 +114,20 @@ def test_metrics_merge_every_replicas_page_labelled_per_replica(served: tuple[st
     assert generated and generated[0].value >= 1  # the engine's own families, from that replica's registry
     assert any(s.name == "headroom_serve_ingress_events_total" and s.labels["event"] == "requests" and s.value >= 1
                for s in samples)
+
+
+def _grpc_text(target: str) -> str:
+    prompt = triton_grpc.InferInput("text_input", [1], "BYTES")
+    prompt.set_data_from_numpy(np.array([b"One, two, three,"], dtype=object))
+    result = triton_grpc.InferenceServerClient(target).infer("smollm2", [prompt], parameters={
+        "max_tokens": 6, "temperature": 0.0})
+    return bytes(result.as_numpy("text_output")[0]).decode()
+
+
+def test_llm_model_infer_through_serves_grpc_proxy(served: tuple[str, RunningServer],
+                                                    serve_addresses: tuple[str, str]) -> None:
+    """tritonclient's gRPC ModelInfer on the LLM (text_input -> text_output) through Serve's gRPC proxy, the
+    ingress and the LLM replica's own gRPC generate path: the greedy text of `headroom serve`'s gRPC."""
+    _, server = served
+    expected = _grpc_text(server.grpc_target)
+    assert expected and _grpc_text(serve_addresses[1]) == expected
