@@ -22,9 +22,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from headroom.core.deadline import client_timeout_ms
+from headroom.core.errors import HeadroomError
 from headroom.gateway.limits import read_body
 from headroom.models.config import ModelConfig
-from headroom.protocol.openai_errors import openai_error_body
+from headroom.protocol.openai_errors import exception_body, openai_error_body
 from headroom.ray_serve.asgi_call import HttpCall
 from headroom.ray_serve.forward import forward
 from headroom.ray_serve.spec import ServeAppSpec
@@ -47,6 +48,14 @@ def generate_path(path: str) -> str | None:
 
 def _json(payload: object, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+
+
+def _refusal(exc: HeadroomError, openai: bool) -> Response:
+    """`exc` as `headroom serve` answers it on the route: OpenAI's error shape, or Triton's `{"error"}`."""
+    response = _json(exception_body(exc) if openai else {"error": exc.message}, exc.http_status)
+    if exc.retry_after_s is not None:
+        response.headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    return response
 
 
 def _openai_error(status: int, message: str) -> Response:
@@ -75,9 +84,11 @@ class OpenAIIngress:
             if generate is not None and generate in self.configs:
                 return _json({"error": f"model '{generate}' is not a generative model: use /v2/models/{generate}"
                                        "/infer"}, 400)
-            if path == "/v1/embeddings":
-                return await self.embeddings(request)
-            return await self.llm_call(request)
+            try:
+                return await (self.embeddings(request) if path == "/v1/embeddings" else self.llm_call(request))
+            except HeadroomError as exc:  # the ingress's own refusals (413, a bad timeout header, 503, 504), in
+                return _refusal(exc, openai=generate is None)  # the route's error shape
+
         if path == "/v1/models" and method == "GET":
             return await self.model_list(request)
         return None
@@ -87,7 +98,7 @@ class OpenAIIngress:
         timeout_ms = client_timeout_ms(request.headers)  # 400 for a malformed header
         body = await read_body(request, self.spec.max_body_bytes)
         headers = tuple((k, v) for k, v in request.headers.raw if k.lower() not in _HOP_BY_HOP)
-        call = HttpCall(request.method, request.url.path, request.url.query.encode("latin-1"), headers, body)
+        call = HttpCall(request.method, request.url.path, bytes(request.scope.get("query_string", b"")), headers, body)
         timeout_s = self.spec.llm_timeout_s if timeout_ms is None else min(self.spec.llm_timeout_s, timeout_ms / 1e3)
         return call, body, timeout_s
 

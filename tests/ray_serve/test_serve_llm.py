@@ -77,6 +77,9 @@ def test_errors_through_serve_are_headroom_serves(served: tuple[str, RunningServ
         garbage = http.post(serve_url + "/v1/completions", content=b"{not json")
         assert garbage.status_code == 400 and garbage.json()["error"]["message"]
         assert http.get(serve_url + "/v1/chat/completions").status_code == 405
+        late = http.post(serve_url + "/v1/chat/completions", json={"model": "smollm2", "messages": MESSAGES},
+                         headers={"x-request-timeout-ms": "soon"})  # refused by the ingress, in OpenAI's shape
+        assert late.status_code == 400 and late.json()["error"]["message"]
 
 
 def test_generate_routes_and_embeddings_through_serve(served: tuple[str, RunningServer]) -> None:
