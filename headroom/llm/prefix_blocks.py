@@ -3,14 +3,17 @@
 The answer is the engine's own block hashes (`headroom.llm.block_hash`), bounded per model by the engine's
 `published_blocks_limit` (blocks in use first, then the free pool most recently used first)::
 
-    {"tenant": "anonymous",
+    {"tenant": "anonymous", "tenant_header": false,
      "models": {"smollm2": {"block_size_tokens": 16, "version": 41, "truncated": false,
                             "hashes": ["9f2c0a...", ...]}}}
 
 `tenant` is the tenant every request on this replica runs as, when there is one: the replica's gateway scopes
 the prefix cache by tenant (`headroom.llm.block_hash.prefix_cache_key`), so a router must hash under the same
 one. With API keys on the replica, each key has its own tenant, which the router cannot know: `tenant` is
-null and cache-aware routing falls back to load.
+null and cache-aware routing falls back to load. `tenant_header` is true when the replica runs each request as
+the tenant a router names in `x-headroom-tenant` (`--trust-tenant-header`, no keys of its own,
+`headroom.gateway.forwarded_tenant`): a router that authenticates clients then hashes each request under the
+tenant it forwards, and `tenant` is the one requests without the header run as.
 
 Hashes are 16 hex digits: JSON numbers above 2**53 lose precision in many clients. `version` changes whenever a
 block is cached or evicted. A full list rather than a Bloom filter: the list is bounded by the KV pool (~700
@@ -53,13 +56,14 @@ class PublishedBlocks:
 
     tenant: str | None  # the tenant all its requests run as (None: per API key, unknown to a router)
     models: Mapping[str, ModelBlocks]  # served model name -> its blocks
+    tenant_header: bool = False  # requests run as the tenant a router forwards in x-headroom-tenant
 
 
-def render(models: Mapping[str, tuple[int, CachedBlocks]], tenant: str | None) -> bytes:
+def render(models: Mapping[str, tuple[int, CachedBlocks]], tenant: str | None, tenant_header: bool = False) -> bytes:
     """The JSON document for {model: (block_size_tokens, cached blocks)}."""
     doc = {name: {"block_size_tokens": size, "version": cb.version, "truncated": cb.truncated,
                   "hashes": [f"{h:016x}" for h in cb.hashes]} for name, (size, cb) in models.items()}
-    return orjson.dumps({"tenant": tenant, "models": doc})
+    return orjson.dumps({"tenant": tenant, "tenant_header": tenant_header, "models": doc})
 
 
 def parse(body: bytes) -> PublishedBlocks:
@@ -70,8 +74,11 @@ def parse(body: bytes) -> PublishedBlocks:
         raise ValueError(f"prefix blocks: not JSON ({exc})") from None
     models = doc.get("models") if isinstance(doc, dict) else None
     tenant = doc.get("tenant") if isinstance(doc, dict) else None
-    if not isinstance(models, dict) or not (tenant is None or isinstance(tenant, str)):
-        raise ValueError("prefix blocks: expected an object with a 'models' object and a 'tenant' string or null")
+    tenant_header = doc.get("tenant_header", False) if isinstance(doc, dict) else False
+    if not isinstance(models, dict) or not (tenant is None or isinstance(tenant, str)) or not isinstance(
+            tenant_header, bool):
+        raise ValueError("prefix blocks: expected an object with a 'models' object, a 'tenant' string or null and "
+                         "an optional boolean 'tenant_header'")
     out: dict[str, ModelBlocks] = {}
     for name, m in models.items():
         if not isinstance(m, dict):
@@ -83,7 +90,7 @@ def parse(body: bytes) -> PublishedBlocks:
             raise ValueError(f"prefix blocks: model {name!r} lists {len(hashes)} hashes (> {MAX_HASHES_PER_MODEL})")
         parsed = frozenset(_hash(str(name), h) for h in hashes)
         out[str(name)] = ModelBlocks(size, version, parsed, bool(m.get("truncated", False)))
-    return PublishedBlocks(tenant, out)
+    return PublishedBlocks(tenant, out, tenant_header)
 
 
 def _hash(model: str, text: object) -> int:
@@ -96,10 +103,11 @@ def _hash(model: str, text: object) -> int:
     return int.from_bytes(raw, "big")
 
 
-def prefix_blocks_route(source: Callable[[], Mapping[str, tuple[int, CachedBlocks]]], tenant: str | None) -> Route:
-    """`GET PATH`, answering `render(source(), tenant)` (models still loading are left out)."""
+def prefix_blocks_route(source: Callable[[], Mapping[str, tuple[int, CachedBlocks]]], tenant: str | None,
+                        tenant_header: bool = False) -> Route:
+    """`GET PATH`, answering `render(source(), tenant, tenant_header)` (models still loading are left out)."""
 
     async def endpoint(request: Request) -> Response:
-        return Response(render(source(), tenant), media_type="application/json")
+        return Response(render(source(), tenant, tenant_header), media_type="application/json")
 
     return Route(PATH, endpoint, methods=["GET"])

@@ -14,12 +14,14 @@ file (`serve deploy` / `serve run config.yaml`), which `headroom deploy ray` pri
 """
 
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from headroom.autoscaler.policy import AutoscalerConfig
 from headroom.core.strict_mapping import from_mapping
+from headroom.models.repository import ModelRepository
 from headroom.models.trust import DEFAULT_TRUSTED
 from headroom.ray_serve.autoscaling import serve_autoscaling
 from headroom.ray_serve.spec import ROUTER_CLASS_PATH, SERVE_DEFAULT_ROUTER, ServeAppSpec
@@ -27,6 +29,7 @@ from headroom.ray_serve.spec import ROUTER_CLASS_PATH, SERVE_DEFAULT_ROUTER, Ser
 IMPORT_PATH = "headroom.ray_serve.app:build_app"
 INGRESS_DEPLOYMENT = "headroom-ingress"
 MODELS_DEPLOYMENT = "headroom-models"
+LLM_DEPLOYMENT = "headroom-llm"
 
 
 class AppArgs(BaseModel):
@@ -57,6 +60,10 @@ class AppArgs(BaseModel):
     # the whole autoscaler section of a router.yaml (headroom.autoscaler.policy.AutoscalerConfig's keys);
     # given, it wins over autoscale / min_replicas / max_replicas
     autoscaler: dict[str, Any] | None = None
+    llm_replicas: int = 1
+    llm_capacity: int = 32
+    llm_num_cpus: float = 1.0
+    llm_timeout_s: float = 600.0
 
     @field_validator("models", "trusted_backends", mode="before")
     @classmethod
@@ -95,6 +102,19 @@ def models_deployment_options(spec: ServeAppSpec, autoscaler: AutoscalerConfig |
     return options
 
 
+def llm_deployment_options(spec: ServeAppSpec) -> dict[str, Any]:
+    """`serve.deployment` options of the LLM replicas (headroom's router: `prefix` keeps a prompt's prefix, and
+    so its KV blocks, on one replica)."""
+    options: dict[str, Any] = {"name": LLM_DEPLOYMENT, "num_replicas": spec.llm_replicas,
+                               "max_ongoing_requests": spec.llm_capacity,
+                               "ray_actor_options": {"num_cpus": spec.llm_num_cpus},
+                               "graceful_shutdown_timeout_s": spec.drain_timeout_s}
+    if spec.router != SERVE_DEFAULT_ROUTER:
+        options["request_router_config"] = {"request_router_class": ROUTER_CLASS_PATH,
+                                            "request_router_kwargs": {"policy": spec.router}}
+    return options
+
+
 def ingress_deployment_options(spec: ServeAppSpec) -> dict[str, Any]:
     return {"name": INGRESS_DEPLOYMENT, "num_replicas": spec.ingress_replicas,
             "ray_actor_options": {"num_cpus": spec.ingress_num_cpus},
@@ -107,23 +127,59 @@ def build_app(args: AppArgs) -> Any:
     from ray import serve
 
     from headroom.ray_serve.ingress import HttpIngress
+    from headroom.ray_serve.llm_replica import LLMReplica
     from headroom.ray_serve.replica import ModelReplica
 
     spec = args.spec()
-    models = serve.deployment(**models_deployment_options(spec, args.autoscaler_config()))(ModelReplica)
+    tensor, llm = served_kinds(spec)
+    models = (serve.deployment(**models_deployment_options(spec, args.autoscaler_config()))(ModelReplica).bind(spec)
+              if tensor else None)
+    llms = serve.deployment(**llm_deployment_options(spec))(LLMReplica).bind(spec) if llm else None
     ingress = serve.deployment(**ingress_deployment_options(spec))(HttpIngress)
-    return ingress.bind(models.bind(spec), spec)
+    return ingress.bind(models, spec, llms)
 
 
-def serve_config(args: AppArgs, host: str = "0.0.0.0", port: int = 8000, name: str = "headroom") -> dict[str, Any]:
-    """A Serve config file (`serve deploy FILE` / `serve run FILE`) for the application `args` describe."""
+def served_kinds(spec: ServeAppSpec) -> tuple[bool, bool]:
+    """(any tensor model, any LLM) among the models the application serves: which deployments it needs."""
+    index = ModelRepository(Path(spec.model_repository), spec.trusted_backends).scan(spec.models or None)
+    if not index.models and not index.llm_models:
+        raise ValueError(f"no model to serve in {spec.model_repository} (models: {', '.join(spec.models) or 'all'})")
+    return bool(index.models), bool(index.llm_models)
+
+
+def _rendered_kinds(spec: ServeAppSpec) -> tuple[bool, bool]:
+    """`served_kinds` where the repository can be read here; else (tensor models, no LLM), as before LLMs ran on
+    Serve (the config file may be rendered away from the cluster's repository path)."""
+    try:
+        return served_kinds(spec)
+    except (OSError, ValueError):
+        return True, False
+
+
+#: `grpc_options.grpc_servicer_functions` entry that serves KServe V2 gRPC (headroom.ray_serve.grpc_ingress)
+GRPC_SERVICER_FUNCTION = "headroom.ray_serve.grpc_ingress.add_inference_service"
+
+
+def grpc_options(grpc_port: int) -> dict[str, Any] | None:
+    """Serve's `grpc_options` for KServe V2 gRPC on `grpc_port` (None: no gRPC proxy, when < 0)."""
+    return None if grpc_port < 0 else {"port": grpc_port, "grpc_servicer_functions": [GRPC_SERVICER_FUNCTION]}
+
+
+def serve_config(args: AppArgs, host: str = "0.0.0.0", port: int = 8000, name: str = "headroom",
+                 grpc_port: int = -1) -> dict[str, Any]:
+    """A Serve config file (`serve deploy FILE` / `serve run FILE`) for the application `args` describe
+    (`grpc_port` >= 0: Serve's gRPC proxy there, serving KServe V2 gRPC)."""
     spec = args.spec()  # validates
-    deployments = []
-    for options in (ingress_deployment_options(spec), models_deployment_options(spec, args.autoscaler_config())):
-        deployments.append({k: v for k, v in options.items() if k != "request_router_config"})
+    tensor, llm = _rendered_kinds(spec)
+    chosen = [ingress_deployment_options(spec)]
+    chosen += [models_deployment_options(spec, args.autoscaler_config())] if tensor else []
+    chosen += [llm_deployment_options(spec)] if llm else []
+    deployments = [{k: v for k, v in options.items() if k != "request_router_config"} for options in chosen]
+    grpc = grpc_options(grpc_port)
     return {
         "proxy_location": "EveryNode",
         "http_options": {"host": host, "port": port},
+        **({"grpc_options": grpc} if grpc is not None else {}),
         "applications": [{
             "name": name, "route_prefix": "/", "import_path": IMPORT_PATH,
             "args": args.model_dump(exclude_defaults=True),

@@ -70,9 +70,14 @@ def deploy_ray(
                                          "`headroom serve --trusted-backends`, docs/SECURITY.md)."),
     replica_num_cpus: float = typer.Option(0.5, min=0.0, help="CPUs each model replica reserves in Ray."),
     ingress_num_cpus: float = typer.Option(0.25, min=0.0, help="CPUs the HTTP ingress replica reserves in Ray."),
+    llm_replicas: int = typer.Option(1, min=1, help="LLM replicas (deployed when the models include a "
+                                     "`backend: llm` one: the OpenAI and generate routes)."),
+    llm_num_cpus: float = typer.Option(1.0, min=0.0, help="CPUs each LLM replica reserves in Ray."),
     host: str = typer.Option("0.0.0.0", help="Address Serve's HTTP proxy binds (127.0.0.1 with --run and no "
                              "--ray-address unless given)."),
     port: int = typer.Option(8000, help="Serve's HTTP port."),
+    grpc_port: int = typer.Option(-1, help="Serve's gRPC proxy port, serving KServe V2 gRPC (ModelInfer, "
+                                  "health); -1 = no gRPC proxy."),
     name: str = typer.Option("headroom", help="Serve application name."),
     output: Path | None = typer.Option(None, help="Write the Serve config file here instead of stdout."),
     run: bool = typer.Option(False, "--run", help="Deploy it now and serve until Ctrl-C instead of printing a "
@@ -81,10 +86,10 @@ def deploy_ray(
                                     "local cluster on 127.0.0.1 for this run."),
     ray_num_cpus: int = typer.Option(2, min=1, help="With --run: CPUs of the local cluster."),
 ) -> None:
-    """Run headroom's models as Ray Serve deployments: an HTTP ingress (KServe V2) calling model replicas (one
-    headroom data plane each) through a DeploymentHandle, with headroom's routing policy as Serve's request
-    router, model multiplexing and Serve autoscaling derived from headroom's autoscaler policy. Prints a Serve
-    config file (serve deploy FILE) unless --run."""
+    """Run headroom's models as Ray Serve deployments: an HTTP ingress (KServe V2, OpenAI) calling model replicas
+    (one headroom data plane each) and LLM replicas (headroom's engine and routes) through DeploymentHandles,
+    with headroom's routing policy as Serve's request router, model multiplexing and Serve autoscaling derived
+    from headroom's autoscaler policy. Prints a Serve config file (serve deploy FILE) unless --run."""
     from headroom.ray_serve.app import AppArgs, serve_config
 
     given = given_flags(ctx)
@@ -93,7 +98,8 @@ def deploy_ray(
                             _FLEET_DEFAULTS)
         serve_only: dict[str, Any] = {"multiplex": multiplex, "max_models_per_replica": max_models_per_replica,
                                       "replica_num_cpus": replica_num_cpus, "ingress_num_cpus": ingress_num_cpus,
-                                      "trusted_backends": sorted(parse_trusted(trusted_backends))}
+                                      "trusted_backends": sorted(parse_trusted(trusted_backends)),
+                                      "llm_replicas": llm_replicas, "llm_num_cpus": llm_num_cpus}
         args = AppArgs.model_validate(app_args(fleet, serve_only))
         if serve_router:
             args = args.model_copy(update={"router": "serve"})
@@ -110,9 +116,9 @@ def deploy_ray(
                        "(make serve / make test install it)", err=True)
             raise typer.Exit(code=2) from None
         bind = host if "host" in given or ray_address else "127.0.0.1"
-        _run(args, bind, port, name, ray_address, ray_num_cpus)
+        _run(args, bind, port, grpc_port, name, ray_address, ray_num_cpus)
         return
-    text = str(yaml.safe_dump(serve_config(args, host, port, name), sort_keys=False))
+    text = str(yaml.safe_dump(serve_config(args, host, port, name, grpc_port), sort_keys=False))
     if output is None:
         typer.echo(text, nl=False)
     else:
@@ -120,10 +126,10 @@ def deploy_ray(
         typer.echo(f"wrote a Serve config to {output}; deploy with: serve deploy {output}", err=True)
 
 
-def _run(args: Any, host: str, port: int, name: str, ray_address: str, ray_num_cpus: int) -> None:
+def _run(args: Any, host: str, port: int, grpc_port: int, name: str, ray_address: str, ray_num_cpus: int) -> None:
     from ray import serve
 
-    from headroom.ray_serve.app import build_app
+    from headroom.ray_serve.app import build_app, grpc_options
     from headroom.router.ray_cluster import RayClusterConfig, connect_ray, shutdown_ray
 
     connect_ray(RayClusterConfig(address=ray_address or None, num_cpus=ray_num_cpus))
@@ -131,7 +137,7 @@ def _run(args: Any, host: str, port: int, name: str, ray_address: str, ray_num_c
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": host, "port": port})
+        serve.start(http_options={"host": host, "port": port}, grpc_options=grpc_options(grpc_port))
         serve.run(build_app(args), name=name, route_prefix="/")
         typer.echo(f"headroom on Ray Serve: http://{host}:{port}/v2/models/<model>/infer (Ctrl-C stops)", err=True)
         stop.wait()

@@ -18,10 +18,8 @@ answer. Every accepted request gets exactly one response:
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from headroom.core.deadline import client_timeout_ms, shorter
-from headroom.core.errors import DeadlineExceeded, HeadroomError, ModelNotFound, NotReady, Overloaded
+from headroom.core.errors import HeadroomError, ModelNotFound
 from headroom.core.server_timing import server_timing_header
 from headroom.core.types import InferenceRequest
 from headroom.gateway.limits import read_body
@@ -39,15 +37,19 @@ from headroom.models.config import ModelConfig
 from headroom.models.repository import ModelRepository
 from headroom.protocol.http_request import parse_header_length
 from headroom.protocol.v2_http import decode_infer_request, encode_infer_response
+from headroom.ray_serve.app import LLM_DEPLOYMENT, MODELS_DEPLOYMENT
+from headroom.ray_serve.asgi_call import REPLICA_HEADER
+from headroom.ray_serve.fleet_metrics import FleetMetrics
+from headroom.ray_serve.grpc_ingress import GrpcIngress
+from headroom.ray_serve.openai_ingress import OpenAIIngress
 from headroom.ray_serve.replica import ReplicaAnswer
+from headroom.ray_serve.retries import awaited, first_result
 from headroom.ray_serve.spec import ServeAppSpec
 from headroom.router.request_keys import request_key
 from headroom.server.http_errors import error_response
 
 log = logging.getLogger("headroom.ray_serve")
 
-#: Response header naming the Serve replica that answered (as the router's x-headroom-replica).
-REPLICA_HEADER = "x-headroom-replica"
 #: This ingress replica's counters: inference requests, tries repeated after a lost model replica, requests
 #: that ran out of tries (503), requests not answered in time (504).
 STATS_PATH = "/ingress/stats"
@@ -64,27 +66,26 @@ def infer_path(path: str) -> tuple[str, str] | None:
     return None
 
 
-async def _result(call: Any) -> ReplicaAnswer:
-    """Await a DeploymentResponse (a coroutine, so that asyncio.wait_for can bound it)."""
-    answer: ReplicaAnswer = await call
-    return answer
-
-
 def _json(payload: object, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
 
 
-class HttpIngress:
+class HttpIngress(GrpcIngress):
     """The Serve deployment body of the ingress (`headroom.ray_serve.app` decorates it)."""
 
-    def __init__(self, models: Any, spec: ServeAppSpec) -> None:
-        self.models = models  # DeploymentHandle of ModelReplica
+    def __init__(self, models: Any, spec: ServeAppSpec, llm: Any = None) -> None:
+        self.models = models  # DeploymentHandle of ModelReplica (None: no tensor model)
+        self.llm = llm  # DeploymentHandle of LLMReplica (None: no LLM)
         self.spec = spec
         index = ModelRepository(Path(spec.model_repository), spec.trusted_backends).scan(spec.models or None)
         self.configs: dict[str, ModelConfig] = {e.name: e.config for e in index.models}
+        self.llm_names = frozenset(str(e.config.parameters.get("served_model_name") or e.name)
+                                   for e in index.llm_models)
         self._ids = itertools.count(1)
         # GET /ingress/stats
         self.stats = {"requests": 0, "replica_lost_retries": 0, "retries_exhausted": 0, "timeouts": 0}
+        self.openai = OpenAIIngress(spec, models, llm, self.configs, self.stats)
+        self.fleet = FleetMetrics({MODELS_DEPLOYMENT: models, LLM_DEPLOYMENT: llm}, self.stats)
 
     async def __call__(self, request: Request) -> Response:
         try:
@@ -102,6 +103,11 @@ class HttpIngress:
             if request.method != "POST":
                 return _json({"error": f"use POST for {path}", "reason": "method_not_allowed"}, 405)
             return await self.infer(request, *target)
+        answer = await self.openai.route(request)
+        if answer is not None:
+            return answer
+        if request.method == "GET" and path == "/metrics":
+            return await self.fleet.page()
         if request.method == "GET" and path in ("/v2/health/live", "/v2/health/ready"):
             return _json({})  # the proxy routes here only once the deployments are up
         if request.method == "GET" and path == "/v2/models":
@@ -109,6 +115,9 @@ class HttpIngress:
         if request.method == "GET" and path == STATS_PATH:
             return _json(self.stats)
         return _json({"error": f"no route for {request.method} {path}", "reason": "not_found"}, 404)
+
+    def _request_id(self) -> str:
+        return f"serve-req-{next(self._ids)}"
 
     def _config(self, model: str) -> ModelConfig:
         config = self.configs.get(model)
@@ -122,7 +131,7 @@ class HttpIngress:
         timeout_ms = client_timeout_ms(request.headers)
         body = await read_body(request, self.spec.max_body_bytes)
         header_length = parse_header_length(request.headers.get("inference-header-content-length"))
-        request_id = request.headers.get("x-request-id") or f"serve-req-{next(self._ids)}"
+        request_id = request.headers.get("x-request-id") or self._request_id()
         decoded = decode_infer_request(body, header_length, model, version, request_id, config)
         if timeout_ms is not None:
             decoded = replace(decoded, timeout_ms=shorter(decoded.timeout_ms, timeout_ms))
@@ -142,41 +151,16 @@ class HttpIngress:
         return response
 
     async def call_replica(self, request: InferenceRequest, key: str | None, timeout_s: float) -> ReplicaAnswer:
-        """`ModelReplica.infer` through the handle; a replica lost under the request is retried elsewhere; past
-        `timeout_s` (all tries together) the call is cancelled and the answer is 504."""
-        from ray.exceptions import RayActorError
-        from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
-
+        """`ModelReplica.infer` through the handle (`headroom.ray_serve.retries`: a lost replica is retried
+        elsewhere; past `timeout_s`, all tries together, the call is cancelled and the answer is 504)."""
         handle = self.models.options(multiplexed_model_id=request.model_name) if self.spec.multiplex else self.models
-        backoff_s = self.spec.retry_backoff_s
-        attempt = 0
-        self.stats["requests"] += 1
-        deadline_s = time.monotonic() + timeout_s
-        while True:
-            attempt += 1
+
+        def send() -> tuple[Any, Any]:
             call = handle.infer.remote(request, routing_key=key)
-            try:
-                answer: ReplicaAnswer = await asyncio.wait_for(_result(call), max(0.0, deadline_s - time.monotonic()))
-                return answer
-            except TimeoutError:
-                call.cancel()
-                self.stats["timeouts"] += 1
-                raise DeadlineExceeded(f"no answer from the model replicas of '{request.model_name}' within "
-                                       f"{timeout_s:.1f} s (the request's timeout plus {self.spec.load_allowance_s} "
-                                       "s for a model load)") from None
-            except (RayActorError, ReplicaUnavailableError) as exc:
-                log.warning("request %s: model replica lost (%s), try %d of %d", request.request_id,
-                            type(exc).__name__, attempt, self.spec.max_attempts)
-                if attempt >= self.spec.max_attempts:
-                    self.stats["retries_exhausted"] += 1
-                    raise NotReady(f"the model replicas serving '{request.model_name}' failed {attempt} times "
-                                   f"under this request (last: {type(exc).__name__}); retry later",
-                                   retry_after_s=1.0) from None
-                self.stats["replica_lost_retries"] += 1
-                await asyncio.sleep(backoff_s)
-                backoff_s *= 2
-            except BackPressureError:
-                raise Overloaded(f"the model replicas of '{request.model_name}' have a full queue",
-                                 retry_after_s=1.0) from None
-            except DeploymentUnavailableError as exc:
-                raise NotReady(f"the model deployment is unavailable: {exc.message}") from None
+            return call, awaited(call)
+
+        answer, _ = await first_result(send, self.spec, self.stats, request.model_name, request.request_id,
+                                       timeout_s)
+        if not isinstance(answer, ReplicaAnswer):
+            raise RuntimeError(f"a model replica answered {type(answer).__name__}, not a ReplicaAnswer")
+        return answer

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 from prometheus_client import CollectorRegistry
 
 from headroom.core.clock import MonotonicClock
@@ -30,8 +31,11 @@ from headroom.core.lifecycle import ServingLifecycle
 from headroom.core.types import InferenceRequest, InferenceResponse
 from headroom.models.artifacts import ModelLoadError
 from headroom.models.repository import ModelRepository
+from headroom.protocol.openai_errors import exception_body
+from headroom.ray_serve.asgi_call import HttpCall, HttpHead, PagedReplica, call_asgi, replica_app, replica_header
 from headroom.ray_serve.spec import ServeAppSpec
 from headroom.server.dataplane import DataPlane
+from headroom.server.http_app import HttpApi, HttpLimits
 from headroom.server.metrics import ServerMetrics
 from headroom.server.model_manager import served_version
 
@@ -75,7 +79,7 @@ class ResidentModel:
             on_evict(self.name)
 
 
-class ModelReplica:
+class ModelReplica(PagedReplica):
     """The Serve deployment body (`headroom.ray_serve.app` decorates it). One instance per Serve replica."""
 
     async def __init__(self, spec: ServeAppSpec) -> None:  # type: ignore[misc]  # Serve awaits an async init
@@ -98,6 +102,8 @@ class ModelReplica:
             return await self._load(model_id)
 
         self.get_model = serve.multiplexed(max_num_models_per_replica=spec.max_models_per_replica)(load_model)
+        self.app = replica_app(HttpApi(self.dataplane, self.registry, HttpLimits(spec.max_body_bytes)), (),
+                               self.registry, self.clock)  # /v1/embeddings, as `headroom serve` answers it
         self._preloaded: list[ResidentModel] = []
         if not spec.multiplex:  # every replica serves every model, loaded before Serve routes to it
             self._preloaded = [await self._load(entry.name) for entry in self.index.models]
@@ -149,6 +155,21 @@ class ModelReplica:
             return ReplicaAnswer(self.replica_id, error=RemoteError.of(exc))
         labels = self.dataplane.labels(response.model_name, response.model_version)
         return ReplicaAnswer(self.replica_id, response=response, labels=labels)
+
+    async def http(self, call: HttpCall, model: str | None = None,
+                   routing_key: str | None = None) -> AsyncGenerator[HttpHead | bytes, None]:
+        """Answer one HTTP request through headroom's own routes (the ingress sends `/v1/embeddings` here),
+        `model` loaded first (multiplexing; None: a model the repository lacks, which the route answers 404)."""
+        if model is not None and self.spec.multiplex:
+            try:
+                await self.get_model(model)
+            except HeadroomError as exc:
+                yield HttpHead(exc.http_status,
+                               ((b"content-type", b"application/json"), *replica_header(self.replica_id)))
+                yield orjson.dumps(exception_body(exc))
+                return
+        async for item in call_asgi(self.app, call, replica_header(self.replica_id)):
+            yield item
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Serve polls this; headroom's request router reads `queue_depth` (requests admitted, not answered)."""

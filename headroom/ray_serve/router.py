@@ -18,7 +18,13 @@ Multiplexed requests (a model name as multiplexed model id) first narrow the can
 `MultiplexMixin` (replicas that hold the model, then those holding the fewest models), so a policy never sends
 a request to a replica that would have to load the model when one that has it is free. The affinity / prefix key
 comes from the `routing_key` keyword argument of the call (the ingress computes it as `headroom route` does).
-Requests are routed in FIFO order (`FIFOMixin`).
+A call with a `target_replica` keyword argument (the ingress's per-replica `/metrics` scrape) goes to that
+replica only, when it is a candidate.
+
+Each decision goes to the request it was made for (Serve's default matching by internal request id). Serve's
+`FIFOMixin` is deliberately not used: it hands the replica chosen for one request to whichever request is first
+in the queue, which would send a session's request to another session's replica under concurrency (affinity,
+prefix) and a metrics scrape to the wrong replica.
 """
 
 from __future__ import annotations
@@ -28,7 +34,6 @@ import time
 from typing import Any
 
 from ray.serve.request_router import (
-    FIFOMixin,
     MultiplexMixin,
     PendingRequest,
     ReplicaID,
@@ -43,7 +48,7 @@ from headroom.router.snapshot import DEFAULT_PEAK_EWMA_DECAY_S, ReplicaSnapshot,
 _MAX_TRACKED = 100_000
 
 
-class HeadroomRequestRouter(FIFOMixin, MultiplexMixin, RequestRouter):
+class HeadroomRequestRouter(MultiplexMixin, RequestRouter):
     """Serve request router that delegates the choice to `headroom.router.policies.choose`."""
 
     def initialize_state(self, policy: str = "peak_ewma", seed: int | None = None, prefix_len_chars: int = 256,
@@ -72,6 +77,10 @@ class HeadroomRequestRouter(FIFOMixin, MultiplexMixin, RequestRouter):
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         candidates = candidate_replicas
+        target = pending_request.kwargs.get("target_replica") if pending_request is not None else None
+        if target is not None:
+            chosen = [r for r in candidate_replicas if r.replica_id.unique_id == target]
+            return [chosen or candidate_replicas]  # gone: anywhere (the caller sees who answered)
         if pending_request is not None and pending_request.metadata.multiplexed_model_id:
             ids = self.apply_multiplex_routing(pending_request=pending_request)
             candidates = [r for r in candidate_replicas if r.replica_id in ids] or candidate_replicas

@@ -39,6 +39,11 @@ class ServeAppSpec:
     max_body_bytes: int = 64 * 1024 * 1024  # larger request bodies get 413 (as `headroom serve`)
     drain_timeout_s: float = 30.0  # a stopping replica finishes in-flight work this long (Serve's graceful
     #   shutdown timeout)
+    llm_replicas: int = 1  # LLM replicas (headroom-llm; deployed when the repository has `backend: llm` models)
+    llm_capacity: int = 32  # requests one LLM replica holds at once (its engine batches them continuously)
+    llm_num_cpus: float = 1.0  # CPUs each LLM replica reserves
+    llm_timeout_s: float = 600.0  # an LLM answer's head, and each streamed chunk after it, must come this soon
+    #   (X-Request-Timeout-Ms, when shorter, wins); past it the ingress answers 504 / ends the stream
 
     def __post_init__(self) -> None:
         if not self.model_repository:
@@ -48,11 +53,14 @@ class ServeAppSpec:
             raise ValueError(f"unknown router {self.router!r}; use one of {', '.join(ROUTERS)}")
         positive = {"replicas": self.replicas, "replica_capacity": self.replica_capacity,
                     "max_models_per_replica": self.max_models_per_replica, "ingress_replicas": self.ingress_replicas,
-                    "max_attempts": self.max_attempts, "max_body_bytes": self.max_body_bytes}
+                    "max_attempts": self.max_attempts, "max_body_bytes": self.max_body_bytes,
+                    "llm_replicas": self.llm_replicas, "llm_capacity": self.llm_capacity}
         bad = [f"{k}={v}" for k, v in positive.items() if v < 1]
         if bad:
             raise ValueError(f"must be >= 1: {', '.join(bad)}")
         if min(self.replica_num_cpus, self.ingress_num_cpus, self.retry_backoff_s, self.drain_timeout_s,
-               self.load_allowance_s) < 0:
-            raise ValueError("replica_num_cpus, ingress_num_cpus, retry_backoff_s, drain_timeout_s and "
-                             "load_allowance_s must be >= 0")
+               self.load_allowance_s, self.llm_num_cpus) < 0:
+            raise ValueError("replica_num_cpus, ingress_num_cpus, retry_backoff_s, drain_timeout_s, "
+                             "load_allowance_s and llm_num_cpus must be >= 0")
+        if self.llm_timeout_s <= 0:
+            raise ValueError("llm_timeout_s must be > 0")

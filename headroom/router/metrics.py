@@ -18,6 +18,19 @@ autoscaler's desired replicas and scaling events), instead of proxying one repli
     headroom_router_replica_ewma_latency_seconds{replica}  gauge: the peak-EWMA latency the policies use
     headroom_router_attempt_latency_seconds{replica,outcome}  histogram: every finished attempt
 
+With the ``cache_aware`` policy (`headroom.router.prefix_index`):
+
+    headroom_router_cache_aware_decisions_total{reason}  counter: cache_hit (the longest cached prefix) |
+                                                        cache_spill (a shorter one: the longest was overloaded) |
+                                                        cache_place (cached nowhere: the emptiest cache) |
+                                                        fallback (every replica overloaded: by load) |
+                                                        unhashed (no key: no tokenizer or tenant, unknown model,
+                                                        unreadable prompt; by load) | none (no replica)
+    headroom_router_cache_aware_matched_tokens_total    counter: prompt tokens cached on the replica chosen
+    headroom_router_cache_aware_prompt_tokens_total     counter: prompt tokens (full blocks) hashed
+    headroom_router_cache_aware_poll_failures_total     counter: block lists missing or malformed
+    headroom_router_cache_aware_published_blocks{replica}  gauge: KV blocks the replica published at the last poll
+
 The counters and gauges are read from the router when Prometheus scrapes (a collector: nothing to keep in sync);
 only the latency histogram is observed per attempt. `GET /metrics/replicas` is Prometheus HTTP service
 discovery (`http_sd_configs`): one target per replica, so Prometheus scrapes every replica's own `/metrics`.
@@ -26,7 +39,7 @@ discovery (`http_sd_configs`): one target per replica, so Prometheus scrapes eve
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -69,6 +82,18 @@ class RouterView:
     concurrency_limit: float | None  # None when adaptive concurrency is off
     replicas: tuple[ReplicaView, ...]
     canary: Mapping[str, object] | None = None  # version, weight, phase of a running canary rollout
+    cache_aware: CacheAwareView | None = None  # the cache_aware policy's decisions (None with other policies)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheAwareView:
+    """The cache_aware policy's decisions at scrape time."""
+
+    decisions: Mapping[str, int]  # by reason
+    matched_tokens: int
+    prompt_tokens: int
+    polls_failed: int
+    published_blocks: Mapping[str, int] = field(default_factory=dict)  # per replica
 
 
 class _RouterCollector(Collector):
@@ -91,6 +116,26 @@ class _RouterCollector(Collector):
             yield GaugeMetricFamily("headroom_router_concurrency_limit", "Adaptive concurrency limit.",
                                     value=v.concurrency_limit)
         yield from _replica_families(v)
+        if v.cache_aware is not None:
+            yield from _cache_aware_families(v.cache_aware)
+
+
+def _cache_aware_families(c: CacheAwareView) -> Iterator[Metric]:
+    decisions = CounterMetricFamily("headroom_router_cache_aware_decisions",
+                                    "cache_aware routing decisions, by reason.", labels=["reason"])
+    for reason in sorted({"cache_hit", "cache_spill", "cache_place", "fallback", "unhashed", *c.decisions}):
+        decisions.add_metric([reason], c.decisions.get(reason, 0))
+    yield decisions
+    for name, text, value in (
+            ("matched_tokens", "Prompt tokens cached on the replica chosen.", c.matched_tokens),
+            ("prompt_tokens", "Prompt tokens (full KV blocks) the router hashed.", c.prompt_tokens),
+            ("poll_failures", "Published block lists that were missing or malformed.", c.polls_failed)):
+        yield CounterMetricFamily(f"headroom_router_cache_aware_{name}", text, value=value)
+    published = GaugeMetricFamily("headroom_router_cache_aware_published_blocks",
+                                  "KV blocks the replica published at the router's last poll.", labels=["replica"])
+    for rid, blocks in sorted(c.published_blocks.items()):
+        published.add_metric([rid], blocks)
+    yield published
 
 
 #: per-replica families: (name, help, counter?, value of one replica at `now_s`)
@@ -205,4 +250,7 @@ def router_view(router: Router) -> RouterView:
                  for s in router.snapshots())
     canary = None if router.canary is None else {"version": router.canary.canary_version,
                                                  "weight": router.canary.weight, "phase": router.canary.state.phase}
-    return RouterView(router.clock.now_s(), dict(router.counters), router.inflight, limit, reps, canary)
+    p = router.prefix
+    cache = None if p is None else CacheAwareView(dict(p.decisions), p.matched_tokens, p.prompt_tokens,
+                                                  p.polls_failed, p.published_blocks())
+    return RouterView(router.clock.now_s(), dict(router.counters), router.inflight, limit, reps, canary, cache)

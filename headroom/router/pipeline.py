@@ -156,8 +156,8 @@ class Pipeline:
         decision, self.route_state = choose(self.config.policy, snaps,
                                             key.placement_key() if isinstance(key, PrefixKey) else key,
                                             self.route_state, now, self.rng, self.config.routing)
-        if self.prefix is not None and blocks is not None and decision.replica_id is not None:
-            self.prefix.note_routed(decision.replica_id, blocks, now)
+        if self.prefix is not None:  # cache_aware: count the decision (/metrics), remember where the blocks went
+            self.prefix.note_decision(decision.reason, decision.replica_id, blocks, now)
         return None if decision.replica_id is None else self.replicas[decision.replica_id]
 
     def allow_retry(self) -> bool:

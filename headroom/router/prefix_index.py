@@ -10,9 +10,15 @@ Two sources per replica and model:
   keep the same kind of record). Bounded to `max_routed_blocks` per replica, oldest dropped first.
 
 `key` hashes a request body into its prompt's blocks (`headroom.router.prompt_hasher`, off the event loop;
-the tokenizers load on the first poll, from `tokenizers_from`, a model repository). `stamp` turns one
-request's `PrefixKey` into each snapshot's `prefix_match_blocks`: the leading blocks found
-in either source; the pure policy (`headroom.router.policies`, ``cache_aware``) does the rest.
+the tokenizers load on the first poll, from `tokenizers_from`, a model repository) under the tenant the replica
+will run it as: the tenant the router's gateway authenticated and forwards in `x-headroom-tenant`, when the
+replicas say they run requests as that tenant (`tenant_header` in their answer: `--trust-tenant-header`), else
+the one tenant they run every request as. `stamp` turns one request's `PrefixKey` into each snapshot's
+`prefix_match_blocks`: the leading blocks found in either source; the pure policy (`headroom.router.policies`,
+``cache_aware``) does the rest. `decisions` counts each routing decision by its reason (`cache_hit`,
+`cache_spill`, `cache_place`, `fallback`: by load; `unhashed`: no key, by load), `matched_tokens` and
+`prompt_tokens` the hashed prompt tokens found cached on the chosen replica and in all (the router's
+`/metrics`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from pathlib import Path
 
 import httpx
 
+from headroom.gateway.auth import TENANT_RE
 from headroom.llm.prefix_blocks import PATH, ModelBlocks, parse
 from headroom.router.prompt_hasher import PromptHasher, load_prompt_hasher
 from headroom.router.request_keys import PrefixKey
@@ -64,19 +71,43 @@ class PrefixIndex:
         self._load_tried = hasher is not None or not self.config.tokenizers_from
         self._replicas: dict[str, _Replica] = {}
         self.tenant: str | None = None  # the tenant the replicas cache requests under (from their answers)
+        self.tenant_header = False  # the replicas run a request as the tenant the router forwards
         self.polls_failed = 0  # answers that were missing or malformed
         self.routed = Counter[str]()  # requests sent where some of their blocks were cached ("with_match") or not
+        self.decisions = Counter[str]()  # routing decisions by reason (policies.RouteDecision.reason, "unhashed")
+        self.matched_tokens = 0  # prompt tokens of routed requests cached on the replica chosen (as far as known)
+        self.prompt_tokens = 0  # prompt tokens (in full blocks) of routed requests that were hashed
 
     @classmethod
     def for_policy(cls, policy: str, config: PrefixIndexConfig, hasher: PromptHasher | None) -> PrefixIndex | None:
         """An index when `policy` is ``cache_aware`` (the only policy that reads one), else None."""
         return cls(config, hasher) if policy == "cache_aware" else None
 
-    async def key(self, body: bytes) -> PrefixKey | None:
-        """The request's prompt as block hashes (tokenized in a worker thread), under the tenant the replicas
-        run requests as; None without a hasher or before a replica said which tenant (or with per-key tenants)."""
-        hasher, tenant = self.hasher, self.tenant
+    def cache_tenant(self, forwarded: str = "") -> str | None:
+        """The tenant a replica runs a request as, whose router forwards `forwarded` in x-headroom-tenant (as
+        the replica's gateway decides: a valid tenant name when it trusts the header, else its own tenant)."""
+        if self.tenant_header and forwarded and TENANT_RE.match(forwarded):
+            return forwarded
+        return self.tenant
+
+    async def key(self, body: bytes, forwarded_tenant: str = "") -> PrefixKey | None:
+        """The request's prompt as block hashes (tokenized in a worker thread), under the tenant the replica
+        runs it as (`cache_tenant`); None without a hasher or before a replica said which tenant (or with
+        per-key tenants)."""
+        hasher, tenant = self.hasher, self.cache_tenant(forwarded_tenant)
         return None if hasher is None or tenant is None else await asyncio.to_thread(hasher.key, body, tenant)
+
+    def note_decision(self, reason: str, replica_id: str | None, key: PrefixKey | None, now_s: float) -> None:
+        """Count one routing decision (`reason` from the policy; "unhashed" when the request had no key) and,
+        when it was routed with a key, its matched and hashed prompt tokens; then `note_routed`."""
+        self.decisions["unhashed" if key is None and replica_id is not None else reason] += 1
+        if key is None or replica_id is None:
+            return
+        model = self.hasher.models.get(key.model) if self.hasher is not None else None
+        block_tokens = model.block_size_tokens if model is not None else 0
+        self.matched_tokens += self.match_blocks(replica_id, key, now_s) * block_tokens
+        self.prompt_tokens += len(key.block_hashes) * block_tokens
+        self.note_routed(replica_id, key, now_s)
 
     async def load_hasher(self) -> None:
         """Load the tokenizers of `config.tokenizers_from` once (a failure is logged: requests route by load)."""
@@ -139,6 +170,10 @@ class PrefixIndex:
                                     cached_blocks=self.cached_blocks(s.replica_id, key.model))
                 for s in snapshots]
 
+    def published_blocks(self) -> dict[str, int]:
+        """Per replica: the blocks (all models) it published at the last poll."""
+        return {rid: sum(len(m.hashes) for m in r.published.values()) for rid, r in self._replicas.items()}
+
     def cached_blocks(self, replica_id: str, model: str) -> int:
         """About how many blocks of `model` the replica holds: published, plus recently routed (any model)."""
         r = self._replicas.get(replica_id)
@@ -159,7 +194,7 @@ class PrefixIndex:
                 r.raise_for_status()
                 published = parse(r.content)
                 self.update(rid, dict(published.models))
-                self.tenant = published.tenant
+                self.tenant, self.tenant_header = published.tenant, published.tenant_header
             except (httpx.HTTPError, ValueError) as exc:
                 self.polls_failed += 1
                 log.debug("prefix blocks of %s: %s", rid, exc)

@@ -213,7 +213,8 @@ class Router:
                              "new requests, retry later", retry_after_s=a.shed.retry_after_s)
         if a.verdict == "limited":
             raise Overloaded(f"concurrency limit {a.limit} reached; retry later", retry_after_s=1.0)
-        key: RouteKey = (await self.prefix.key(body) if self.prefix is not None
+        tenant = request.scope.get("state", {}).get("tenant", "")  # what _outgoing forwards to the replica
+        key: RouteKey = (await self.prefix.key(body, tenant) if self.prefix is not None
                          else request_key(c.policy, request.headers, body, c.affinity_header))
         out = self._outgoing(request, body, a.shed.utilisation, traceparent)
         inflight_at_start = pipe.enter()

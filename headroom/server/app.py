@@ -49,7 +49,7 @@ from headroom.server.dataplane import DataPlane
 from headroom.server.gc_monitor import GcMonitor
 from headroom.server.grpc_admin import TritonAdminServicer
 from headroom.server.http_app import HttpApi, HttpLimits, build_http_app
-from headroom.server.llm_front import LLMFleet
+from headroom.server.llm_wiring import llm_fleet
 from headroom.server.metrics import ServerMetrics
 from headroom.server.model_manager import ModelManager, served_version
 from headroom.server.repository_poll import RepositoryPoller
@@ -108,9 +108,7 @@ class Server:
         self.registry.register(CascadeCollector(self._served_models))
         self.gc_monitor = GcMonitor(self.registry)
         gateway = config.gateway.config  # without API keys every request runs as its anonymous tenant
-        self.llm = LLMFleet(self.registry, self.lifecycle, self.dataplane.generative,
-                            lambda name: bool(self.dataplane.loaded_versions(name)),
-                            None if gateway.auth_enabled else gateway.anonymous_tenant)
+        self.llm = llm_fleet(self.registry, self.lifecycle, self.dataplane, gateway)
         self._llm_grpc: Any = None  # the LLMs on gRPC ModelInfer / ModelStreamInfer (the fleet, once routed)
         self._llm_start: set[str] = set()  # the LLMs loaded at start (explicit mode: --load-model)
         self._stop = asyncio.Event()

@@ -62,13 +62,14 @@ class LLMFleet:
     """Name (the model directory) -> LLM service, and the routes, gRPC handler and cards over that live table."""
 
     def __init__(self, registry: CollectorRegistry, lifecycle: ServingLifecycle, generative: GenerativeModels,
-                 is_tensor_model: Callable[[str], bool], tenant: str | None) -> None:
+                 is_tensor_model: Callable[[str], bool], tenant: str | None, tenant_header: bool = False) -> None:
         self.services: list[Any] = []  # every LLMService, in the order they were added
         self._servings: dict[str, Any] = {}  # directory name -> OpenAIServing
         self._lifecycle = lifecycle
         self._generative = generative
         self._is_tensor_model = is_tensor_model
         self._tenant = tenant  # the tenant every request runs as (no API keys), for the prefix-block feed
+        self._tenant_header = tenant_header  # requests run as the tenant a trusted router names (x-headroom-tenant)
         self._metrics = MergedRegistries()
         registry.register(self._metrics)
         self._generate: Any = None  # headroom.llm.generate.GenerateRoutes over the table, made on first use
@@ -132,7 +133,7 @@ class LLMFleet:
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             out.append(Route(f"{prefix}/generate", self._generate_once, methods=["POST"]))
             out.append(Route(f"{prefix}/generate_stream", self._generate_stream, methods=["POST"]))
-        out.append(prefix_blocks_route(self.cached_blocks, self._tenant))
+        out.append(prefix_blocks_route(self.cached_blocks, self._tenant, self._tenant_header))
         return out
 
     async def _chat(self, request: Request) -> Response:

@@ -18,10 +18,13 @@ def test_render_and_parse_round_trip_full_64_bit_hashes() -> None:
     assert (m.block_size_tokens, m.version, m.hashes, m.truncated) == (16, 7, frozenset(hashes), True)
     assert published.tenant == "anonymous"
     assert parse(render({}, None)).models == {} and parse(render({}, None)).tenant is None
+    assert not published.tenant_header and parse(render({}, "anonymous", tenant_header=True)).tenant_header
+    assert not parse(b'{"tenant": "anonymous", "models": {}}').tenant_header  # an older replica: no header
 
 
 @pytest.mark.parametrize("doc", [
     b"not json", b"[]", b'{"models": []}', b'{"models": {"m": 1}}', b'{"tenant": 5, "models": {}}',
+    b'{"tenant": "t", "tenant_header": "yes", "models": {}}',
     b'{"models": {"m": {"block_size_tokens": 0, "version": 1, "hashes": []}}}',
     b'{"models": {"m": {"block_size_tokens": 16, "hashes": []}}}',
     b'{"models": {"m": {"block_size_tokens": 16, "version": 1, "hashes": ["xyz"]}}}',

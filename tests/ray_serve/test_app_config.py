@@ -5,15 +5,27 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pydantic
 import pytest
 from ray.serve.request_router import RequestRouter
 from ray.serve.schema import ServeDeploySchema
 
-from headroom.ray_serve.app import IMPORT_PATH, MODELS_DEPLOYMENT, AppArgs, models_deployment_options, serve_config
+from headroom.ray_serve.app import (
+    IMPORT_PATH,
+    INGRESS_DEPLOYMENT,
+    LLM_DEPLOYMENT,
+    MODELS_DEPLOYMENT,
+    AppArgs,
+    llm_deployment_options,
+    models_deployment_options,
+    serve_config,
+)
 from headroom.ray_serve.router import HeadroomRequestRouter
 from headroom.ray_serve.spec import ROUTER_CLASS_PATH, ServeAppSpec
+
+REPO = Path(__file__).resolve().parents[2] / "models"
 
 
 def test_args_split_comma_lists_and_refuse_unknown_keys() -> None:
@@ -61,3 +73,19 @@ def test_rendering_a_serve_config_does_not_import_ray() -> None:
             "assert 'ray' not in sys.modules, 'ray was imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_serve_config_deploys_the_llm_when_the_repository_has_one() -> None:
+    args = AppArgs.model_validate({"model_repository": str(REPO), "models": ["smollm2", "minilm"],
+                                   "llm_replicas": 2, "router": "prefix"})
+    doc = serve_config(args)
+    ServeDeploySchema.model_validate(doc)
+    deployments = {d["name"]: d for d in doc["applications"][0]["deployments"]}
+    assert set(deployments) == {INGRESS_DEPLOYMENT, MODELS_DEPLOYMENT, LLM_DEPLOYMENT}
+    llm = deployments[LLM_DEPLOYMENT]
+    assert llm["num_replicas"] == 2 and llm["max_ongoing_requests"] == 32
+    assert llm_deployment_options(args.spec())["request_router_config"]["request_router_kwargs"] == {"policy": "prefix"}
+    only_llm = serve_config(AppArgs.model_validate({"model_repository": str(REPO), "models": ["smollm2"]}))
+    assert {d["name"] for d in only_llm["applications"][0]["deployments"]} == {INGRESS_DEPLOYMENT, LLM_DEPLOYMENT}
+    with pytest.raises(ValueError, match="llm_timeout_s"):
+        AppArgs.model_validate({"model_repository": "m", "llm_timeout_s": 0}).spec()

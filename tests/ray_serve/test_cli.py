@@ -4,6 +4,7 @@ flags merged as `headroom route` merges them, and bad input refused with exit co
 from __future__ import annotations
 
 import contextlib
+import importlib
 import signal
 import subprocess
 import sys
@@ -12,12 +13,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
+import tritonclient.grpc as triton_grpc
 import yaml
 from ray.serve.schema import ServeDeploySchema
 from typer.testing import CliRunner
 
 from headroom.cli.main import app
-from headroom.ray_serve.app import INGRESS_DEPLOYMENT, MODELS_DEPLOYMENT, AppArgs
+from headroom.ray_serve.app import (
+    GRPC_SERVICER_FUNCTION,
+    INGRESS_DEPLOYMENT,
+    LLM_DEPLOYMENT,
+    MODELS_DEPLOYMENT,
+    AppArgs,
+)
 from headroom.ray_serve.spec import ServeAppSpec
 from tests.support.server import free_port
 
@@ -44,6 +53,21 @@ def test_prints_a_valid_serve_config_for_the_given_models(tmp_path: Path) -> Non
     assert args.trusted_backends == ["onnxruntime", "python"]
     assert _models(doc)["num_replicas"] == 3 and doc["http_options"]["port"] == 8100
     assert {d["name"] for d in application["deployments"]} == {INGRESS_DEPLOYMENT, MODELS_DEPLOYMENT}
+    assert "grpc_options" not in doc  # --grpc-port -1 (the default): no gRPC proxy
+
+
+def test_an_llm_model_gets_its_llm_deployment(tmp_path: Path) -> None:
+    code, text = _deploy("--model", "smollm2", "--llm-replicas", "2", "--llm-num-cpus", "2", "--grpc-port", "9100")
+    assert code == 0, text
+    doc = yaml.safe_load(text)
+    ServeDeploySchema.model_validate(doc)
+    assert doc["grpc_options"] == {"port": 9100, "grpc_servicer_functions": [GRPC_SERVICER_FUNCTION]}
+    module, _, function = GRPC_SERVICER_FUNCTION.rpartition(".")
+    assert callable(getattr(importlib.import_module(module), function))
+    deployments = {d["name"]: d for d in doc["applications"][0]["deployments"]}
+    assert set(deployments) == {INGRESS_DEPLOYMENT, LLM_DEPLOYMENT}  # no tensor model: no model deployment
+    assert deployments[LLM_DEPLOYMENT]["num_replicas"] == 2
+    assert deployments[LLM_DEPLOYMENT]["ray_actor_options"] == {"num_cpus": 2.0}
 
 
 def test_router_yaml_feeds_policy_capacity_and_autoscaling_and_flags_win(tmp_path: Path) -> None:
@@ -86,10 +110,10 @@ def test_run_serves_on_a_local_cluster_until_sigterm(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "noop").symlink_to(Path(__file__).resolve().parents[2] / "benchmarks" / "models" / "noop")
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     log_path = tmp_path / "deploy.log"
     cmd = [sys.executable, "-m", "headroom.cli.main", "deploy", "ray", "--run", "--model-repository", str(repo),
-           "--replicas", "1", "--port", str(port), "--ray-num-cpus", "1"]
+           "--replicas", "1", "--port", str(port), "--grpc-port", str(grpc_port), "--ray-num-cpus", "1"]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -105,6 +129,10 @@ def test_run_serves_on_a_local_cluster_until_sigterm(tmp_path: Path) -> None:
         body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 2], "data": [3, 4]}]}
         r = httpx.post(url + "/v2/models/noop/infer", json=body, timeout=60.0)
         assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [3, 4], r.text
+        tensor = triton_grpc.InferInput("input", [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.array([[3, 4]], dtype=np.float32))
+        grpc_client = triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")  # Serve's gRPC proxy
+        assert grpc_client.infer("noop", [tensor]).as_numpy("output").tolist() == [[3.0, 4.0]]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120.0) == 0, log_path.read_text(errors="replace")
     finally:

@@ -10,29 +10,25 @@ HTTP proxy -> the ingress -> a DeploymentHandle -> a headroom DataPlane in each 
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
 
-from headroom.ray_serve.app import MODELS_DEPLOYMENT, AppArgs, build_app
+from headroom.ray_serve.app import MODELS_DEPLOYMENT
 from headroom.ray_serve.ingress import REPLICA_HEADER, STATS_PATH
-from headroom.router.ray_cluster import RayClusterConfig, connect_ray, shutdown_ray
+from tests.ray_serve.conftest import deploy
 from tests.server.conftest import build_test_repository
 from tests.support.server import run_server
 
 ROOT = Path(__file__).resolve().parents[2]
-APP = "headroom"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -42,28 +38,6 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "digits").symlink_to(ROOT / "models" / "digits")
     (root / "noop").symlink_to(ROOT / "benchmarks" / "models" / "noop")
     return root
-
-
-@pytest.fixture(scope="module")
-def serve_url() -> Iterator[str]:
-    connect_ray(RayClusterConfig(num_cpus=2))  # a local cluster bound to 127.0.0.1, no dashboard
-    from ray import serve
-
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()  # type: ignore[no-untyped-call]  # untyped in Ray
-        shutdown_ray()
-
-
-def deploy(repo: Path, **args: Any) -> None:
-    """(Re)deploy the application; returns once Serve reports every replica ready."""
-    from ray import serve
-
-    base = {"model_repository": str(repo), "replica_num_cpus": 0.25, "ingress_num_cpus": 0.25}
-    serve.run(build_app(AppArgs.model_validate({**base, **args})), name=APP, route_prefix="/")
 
 
 def digits_body(seed: int) -> dict[str, Any]:
@@ -112,6 +86,41 @@ def test_serve_answers_as_headroom_serve_does(repo: Path, serve_url: str, tmp_pa
         assert _outputs(client.post(f"{serve_url}/v2/models/noop/infer", json=noop_body(5)))[0]["data"] == [5, 6, 7]
 
 
+def _grpc_digits(client: triton_grpc.InferenceServerClient, seed: int) -> np.ndarray:
+    data = np.asarray(digits_body(seed)["inputs"][0]["data"], dtype=np.float32).reshape(1, 1, 8, 8)
+    tensor = triton_grpc.InferInput("input", [1, 1, 8, 8], "FP32")
+    tensor.set_data_from_numpy(data)
+    result = client.infer("digits", [tensor])
+    out: np.ndarray = result.as_numpy("probabilities")
+    return out
+
+
+def _grpc_status(call: Callable[[], object]) -> str:
+    with pytest.raises(InferenceServerException) as failed:
+        call()
+    return str(failed.value.status())
+
+
+def test_kserve_v2_grpc_through_serves_grpc_proxy(repo: Path, serve_addresses: tuple[str, str],
+                                                   tmp_path: Path) -> None:
+    """tritonclient's gRPC client against Serve's gRPC proxy: ModelInfer reaches a model replica through the
+    ingress and answers as `headroom serve`'s gRPC does, errors with the same codes."""
+    deploy(repo, replicas=1, router="serve")
+    via_serve = triton_grpc.InferenceServerClient(serve_addresses[1])
+    with run_server(repo, tmp_path) as server:
+        via_headroom = triton_grpc.InferenceServerClient(server.grpc_target)
+        assert via_serve.is_server_live() and via_serve.is_server_ready() and via_serve.is_model_ready("digits")
+        assert not via_serve.is_model_ready("nope")
+        for seed in range(2):
+            assert np.array_equal(_grpc_digits(via_serve, seed), _grpc_digits(via_headroom, seed))
+        missing = triton_grpc.InferInput("input", [1, 3], "FP32")
+        missing.set_data_from_numpy(np.zeros((1, 3), dtype=np.float32))
+        for client in (via_serve, via_headroom):
+            assert _grpc_status(lambda c=client: c.infer("nope", [missing])) == "StatusCode.NOT_FOUND"
+            assert _grpc_status(lambda c=client: c.infer("digits", [missing])) == "StatusCode.INVALID_ARGUMENT"
+        assert _grpc_status(lambda: via_serve.get_model_metadata("digits")) == "StatusCode.UNIMPLEMENTED"
+
+
 def _replica_of(client: httpx.Client, url: str, model: str, body: dict[str, Any]) -> str:
     r = client.post(f"{url}/v2/models/{model}/infer", json=body)
     assert r.status_code == 200, r.text
@@ -153,6 +162,17 @@ def test_headroom_affinity_policy_routes_a_session_to_one_replica(repo: Path, se
                 homes.setdefault(f"user-{k}", set()).add(r.headers[REPLICA_HEADER])
     assert all(len(replicas) == 1 for replicas in homes.values()), homes  # sticky per session
     assert len(set().union(*homes.values())) == 2  # rendezvous hashing spreads the 12 sessions over both
+    # /metrics: each replica's own page, labelled with its id (each scrape routed to exactly that replica)
+    answered = Counter(next(iter(replicas)) for replicas in homes.values())
+    samples = [s for f in text_string_to_metric_families(httpx.get(serve_url + "/metrics", timeout=60.0).text)
+               for s in f.samples]
+    counted: Counter[str] = Counter()
+    for s in samples:
+        if s.name == "headroom_requests_total" and s.labels["model"] == "noop":
+            counted[s.labels["replica"]] += int(s.value)
+    assert counted == Counter({rid: 3 * n for rid, n in answered.items()})  # 3 rounds per session
+    assert {s.labels["replica"] for s in samples if s.name == "headroom_serve_replica_up" and s.value == 1} == set(
+        answered)
 
 
 def slow_body(i: int, delay_ms: float) -> dict[str, Any]:

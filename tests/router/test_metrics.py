@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from headroom.router.fake_replica import ReplicaBehaviour
+from headroom.router.metrics import CacheAwareView, RouterMetrics, RouterView
 from headroom.router.proxy import ProxyConfig
 from headroom.router.upstream import Upstream
 from tests.router.test_proxy import INFER, _load, fleet
@@ -54,3 +56,22 @@ async def test_router_stats_still_reports_json() -> None:
         await client.post(INFER, content=b"{}")
         doc = (await client.get("/router/stats")).json()
         assert doc["counters"]["requests"] == 1 and doc["replicas"][0]["id"] == "a"
+
+
+def test_cache_aware_decisions_and_matched_tokens_are_exported() -> None:
+    view = RouterView(0.0, {"requests": 5}, 0, None, (), cache_aware=CacheAwareView(
+        {"cache_hit": 3, "cache_place": 1, "unhashed": 1}, matched_tokens=96, prompt_tokens=160, polls_failed=2,
+        published_blocks={"r1": 40, "r2": 0}))
+    registry = CollectorRegistry()
+    RouterMetrics(registry, lambda: view)
+    m = _samples(generate_latest(registry).decode())
+    decisions = {dict(labels)["reason"]: v for (name, labels), v in m.items()
+                 if name == "headroom_router_cache_aware_decisions_total"}
+    assert decisions == {"cache_hit": 3, "cache_spill": 0, "cache_place": 1, "fallback": 0, "unhashed": 1}
+    assert m[("headroom_router_cache_aware_matched_tokens_total", ())] == 96
+    assert m[("headroom_router_cache_aware_prompt_tokens_total", ())] == 160
+    assert m[("headroom_router_cache_aware_poll_failures_total", ())] == 2
+    assert m[("headroom_router_cache_aware_published_blocks", (("replica", "r1"),))] == 40
+    plain = CollectorRegistry()  # another policy: no cache_aware families
+    RouterMetrics(plain, lambda: RouterView(0.0, {}, 0, None, ()))
+    assert b"cache_aware" not in generate_latest(plain)

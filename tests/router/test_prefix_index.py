@@ -6,6 +6,7 @@ from pathlib import Path
 
 from headroom.llm.prefix_blocks import ModelBlocks
 from headroom.router.prefix_index import PrefixIndex, PrefixIndexConfig
+from headroom.router.prompt_hasher import ModelTokenizer, PromptHasher
 from headroom.router.request_keys import PrefixKey
 from headroom.router.snapshot import ReplicaSnapshot
 
@@ -24,6 +25,7 @@ def test_matches_count_leading_published_blocks_only() -> None:
     assert index.match_blocks("b", KEY, 0.0) == 0 and index.match_blocks("c", KEY, 0.0) == 0
     index.update("a", _published(11))  # the next poll replaces the last: evictions show
     assert index.match_blocks("a", KEY, 0.0) == 1
+    assert index.published_blocks() == {"a": 1, "b": 4}
 
 
 def test_routed_blocks_count_until_their_ttl_and_stay_bounded() -> None:
@@ -78,3 +80,38 @@ async def test_unreadable_tokenizers_leave_requests_routed_by_load(tmp_path: Pat
     await index.load_hasher()  # logged, not raised: the health-check loop calling it must go on
     index.tenant = "anonymous"
     assert index.hasher is None and await index.key(b'{"prompt": "hello"}') is None
+
+
+class _WordTokenizer:
+    """Policy-test stand-in for a tokenizer: one token id per word."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [len(w) for w in text.split()]
+
+
+def test_requests_hash_under_the_forwarded_tenant_only_when_replicas_run_them_as_it() -> None:
+    index = PrefixIndex(PrefixIndexConfig())
+    assert index.cache_tenant("tenant-a") is None  # no replica answered yet: no key, routed by load
+    index.tenant = "anonymous"  # replicas without keys, not trusting the router's header
+    assert index.cache_tenant("tenant-a") == "anonymous" and index.cache_tenant("") == "anonymous"
+    index.tenant_header = True  # --trust-tenant-header: each request runs as the tenant the router forwards
+    assert index.cache_tenant("tenant-a") == "tenant-a"
+    assert index.cache_tenant("") == "anonymous"  # nothing forwarded: the replica's own tenant
+    assert index.cache_tenant("not a tenant!") == "anonymous"  # the replica's gateway ignores an invalid name
+
+
+async def test_keys_of_two_tenants_differ_and_decisions_are_counted() -> None:
+    hasher = PromptHasher({"m": ModelTokenizer(_WordTokenizer(), 2)})  # type: ignore[arg-type]
+    index = PrefixIndex(PrefixIndexConfig(routed_ttl_s=5.0), hasher)
+    index.tenant, index.tenant_header = "anonymous", True
+    body = b'{"model": "m", "prompt": "a bb ccc dddd eeeee"}'
+    key_a, key_b = await index.key(body, "tenant-a"), await index.key(body, "tenant-b")
+    assert key_a is not None and key_b is not None and len(key_a.block_hashes) == 2
+    assert set(key_a.block_hashes).isdisjoint(key_b.block_hashes)  # tenant isolation: never the same blocks
+    index.note_decision("cache_place", "r1", key_a, 10.0)  # nothing cached yet: 0 of 4 tokens matched
+    index.note_decision("cache_hit", "r1", key_a, 11.0)  # routed there a second ago: all 4 matched
+    index.note_decision("fallback", "r2", None, 11.0)  # no key: routed by load
+    index.note_decision("none", None, None, 11.0)  # no replica at all
+    assert index.decisions == {"cache_place": 1, "cache_hit": 1, "unhashed": 1, "none": 1}
+    assert (index.matched_tokens, index.prompt_tokens) == (4, 8)
+    assert index.match_blocks("r1", key_b, 11.0) == 0  # tenant B's key does not match A's blocks

@@ -1,0 +1,136 @@
+"""The LLM (smollm2) and embeddings (minilm) on Ray Serve, end to end on a REAL local Ray cluster started by the
+test, with the official openai SDK: Serve's HTTP proxy -> the ingress -> a streaming DeploymentHandle -> headroom's
+own routes in an LLM replica (its engine) or a model replica (its data plane). Greedy text, streamed or not, is what
+a real `headroom serve` process answers; so are the generate routes, embeddings and errors. `/metrics` merges
+every replica's page, labelled per replica."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import tritonclient.grpc as triton_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from headroom.ray_serve.app import LLM_DEPLOYMENT, MODELS_DEPLOYMENT
+from headroom.ray_serve.ingress import REPLICA_HEADER
+from tests.ray_serve.conftest import deploy
+from tests.support.server import RunningServer, run_server
+
+REPO = Path(__file__).resolve().parents[2] / "models"
+MESSAGES = [{"role": "system", "content": "You are a terse assistant."},
+            {"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+@pytest.fixture(scope="module")
+def served(serve_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, RunningServer]]:
+    """(Serve's URL with smollm2 + minilm deployed, a `headroom serve` process serving the same models)."""
+    deploy(REPO, models=["smollm2", "minilm"], router="prefix", llm_num_cpus=0.5)
+    with run_server(REPO, tmp_path_factory.mktemp("headroom"), ["--model", "smollm2", "--model", "minilm"]) as server:
+        yield serve_url, server
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120.0)
+
+
+def _chat(client: openai.OpenAI, stream: bool) -> str:
+    if not stream:
+        done = client.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=16, temperature=0)  # type: ignore[arg-type]
+        return done.choices[0].message.content or ""
+    chunks = client.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=16, temperature=0,  # type: ignore[arg-type]
+                                            stream=True)
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_chat_and_completions_through_serve_equal_headroom_serve(served: tuple[str, RunningServer]) -> None:
+    serve_url, server = served
+    via_serve, via_headroom = _client(serve_url), _client(server.url)
+    expected = _chat(via_headroom, stream=False)
+    assert expected  # greedy decoding: the same text every time, on any replica
+    assert _chat(via_serve, stream=False) == expected
+    assert _chat(via_serve, stream=True) == expected  # streamed chunk by chunk through Serve
+    prompt = "The capital of France is"
+    a = via_serve.completions.create(model="smollm2", prompt=prompt, max_tokens=8, temperature=0)
+    b = via_headroom.completions.create(model="smollm2", prompt=prompt, max_tokens=8, temperature=0)
+    assert a.choices[0].text == b.choices[0].text and a.usage == b.usage
+    assert {m.id for m in via_serve.models.list()} == {m.id for m in via_headroom.models.list()} == {
+        "smollm2", "minilm"}
+
+
+def test_errors_through_serve_are_headroom_serves(served: tuple[str, RunningServer]) -> None:
+    serve_url, server = served
+    for url in (serve_url, server.url):
+        with pytest.raises(openai.BadRequestError) as bad:  # the same validation, in OpenAI's error shape
+            _client(url).chat.completions.create(model="smollm2", messages=MESSAGES, temperature=-1)  # type: ignore[arg-type]
+        assert bad.value.status_code == 400 and "temperature" in str(bad.value.body)
+    with httpx.Client(timeout=60.0) as http:
+        unknown = [http.post(u + "/v1/chat/completions", json={"model": "gpt-9", "messages": MESSAGES})
+                   for u in (serve_url, server.url)]
+        assert unknown[0].status_code == unknown[1].status_code == 404
+        assert unknown[0].json() == unknown[1].json()
+        garbage = http.post(serve_url + "/v1/completions", content=b"{not json")
+        assert garbage.status_code == 400 and garbage.json()["error"]["message"]
+        assert http.get(serve_url + "/v1/chat/completions").status_code == 405
+        late = http.post(serve_url + "/v1/chat/completions", json={"model": "smollm2", "messages": MESSAGES},
+                         headers={"x-request-timeout-ms": "soon"})  # refused by the ingress, in OpenAI's shape
+        assert late.status_code == 400 and late.json()["error"]["message"]
+
+
+def test_generate_routes_and_embeddings_through_serve(served: tuple[str, RunningServer]) -> None:
+    serve_url, server = served
+    body = {"text_input": "The capital of France is", "parameters": {"max_tokens": 8, "temperature": 0}}
+    with httpx.Client(timeout=120.0) as http:
+        a = http.post(serve_url + "/v2/models/smollm2/generate", json=body)
+        b = http.post(server.url + "/v2/models/smollm2/generate", json=body)
+        assert a.status_code == 200 and a.json() == b.json() and a.headers[REPLICA_HEADER]
+        with http.stream("POST", serve_url + "/v2/models/smollm2/generate_stream", json=body) as events:
+            assert events.headers["content-type"].startswith("text/event-stream")
+            texts = [json.loads(line[5:])["text_output"] for line in events.iter_lines() if line.startswith("data:")]
+        assert "".join(texts) == a.json()["text_output"] and len(texts) > 1
+        wrong = http.post(serve_url + "/v2/models/minilm/generate", json=body)
+        assert wrong.status_code == 400 and "/infer" in wrong.json()["error"]
+    texts = ["a cat sat on the mat", "quarterly revenue grew"]
+    e1 = _client(serve_url).embeddings.create(model="minilm", input=texts)
+    e2 = _client(server.url).embeddings.create(model="minilm", input=texts)
+    assert np.allclose([d.embedding for d in e1.data], [d.embedding for d in e2.data], atol=1e-5)
+    assert e1.usage.prompt_tokens == e2.usage.prompt_tokens > 0
+
+
+def test_metrics_merge_every_replicas_page_labelled_per_replica(served: tuple[str, RunningServer]) -> None:
+    serve_url, _ = served
+    _client(serve_url).completions.create(model="smollm2", prompt="Hello", max_tokens=2, temperature=0)
+    page = httpx.get(serve_url + "/metrics", timeout=60.0)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/plain")
+    samples = [s for f in text_string_to_metric_families(page.text) for s in f.samples]
+    up = {(s.labels["deployment"], s.labels["replica"]): s.value for s in samples
+          if s.name == "headroom_serve_replica_up"}
+    assert {d for d, _ in up} == {LLM_DEPLOYMENT, MODELS_DEPLOYMENT} and all(v == 1.0 for v in up.values()), up
+    llm_replica = next(r for d, r in up if d == LLM_DEPLOYMENT)
+    generated = [s for s in samples if s.name == "headroom_llm_e2e_request_latency_seconds_count"
+                 and s.labels["replica"] == llm_replica]
+    assert generated and generated[0].value >= 1  # the engine's own families, from that replica's registry
+    assert any(s.name == "headroom_serve_ingress_events_total" and s.labels["event"] == "requests" and s.value >= 1
+               for s in samples)
+
+
+def _grpc_text(target: str) -> str:
+    prompt = triton_grpc.InferInput("text_input", [1], "BYTES")
+    prompt.set_data_from_numpy(np.array([b"One, two, three,"], dtype=object))
+    result = triton_grpc.InferenceServerClient(target).infer("smollm2", [prompt], parameters={
+        "max_tokens": 6, "temperature": 0.0})
+    return bytes(result.as_numpy("text_output")[0]).decode()
+
+
+def test_llm_model_infer_through_serves_grpc_proxy(served: tuple[str, RunningServer],
+                                                    serve_addresses: tuple[str, str]) -> None:
+    """tritonclient's gRPC ModelInfer on the LLM (text_input -> text_output) through Serve's gRPC proxy, the
+    ingress and the LLM replica's own gRPC generate path: the greedy text of `headroom serve`'s gRPC."""
+    _, server = served
+    expected = _grpc_text(server.grpc_target)
+    assert expected and _grpc_text(serve_addresses[1]) == expected
