@@ -200,15 +200,15 @@ class NativeStepKernel:
             cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, d,
             cfg.intermediate_size, cfg.vocab_size, num_slots, block_size_tokens, cfg.max_position_embeddings,
             cfg.rms_norm_eps, c_qtensor(weights.embed), cos, sin, self._f32(weights.final_norm), layers,
-            c_qtensor(weights.lm_head),
+            self._packed(lib, weights.lm_head),
         )  # fmt: skip
         self._fn = lib.hr_native_step
         self._fn.argtypes = [ctypes.POINTER(NativeModel), _I, _P, _P, _P, _I, _P, _I, _P, _I, _P, _I, _I]
         self._fn.restype = ctypes.c_int
 
     def _packed(self, lib: ctypes.CDLL, t: QTensor) -> CQTensor:
-        """The C view of a linear with 8-bit inputs, with its packed layout where this path has one (one pass
-        over the bytes at load, ~the GGUF's size: native_pack.c)."""
+        """The C view of a linear with 8- or 16-bit inputs, with its packed layout where this path has one (one
+        pass over the bytes at load, ~the GGUF's size: native_pack.c)."""
         packed = pack_tensor(lib, t, self.isa)
         self._keep.append(packed)
         return c_qtensor(t, packed)

@@ -13,6 +13,10 @@
  * tail group padded with zero blocks) comes from the quantiser. The fp32 ops are quant_blocks' contract unchanged:
  * v = (d_w * d_x) * (float)isum [+ m_w * s_x] into lane b % 8; the tail group's missing lanes are masked off (left
  * untouched), so the bits equal every other path's.
+ *
+ * 16-bit activations (the lm_head's; hr_qact.q16) run on the same layout as two byte planes, q = 256 * (hi - 128) + lo
+ * (hr_split16_planes): lane l of three vpdpbusd chains (hi x w, lo x w, and 128 x w once per group and row) gives
+ * block l's exact int32 sum, so the result equals the 16-bit reference's bit for bit.
  */
 #include <string.h>
 
@@ -87,6 +91,27 @@ __attribute__((always_inline)) T_VNNI static inline __m256i group_dot(const __m2
     return _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
 }
 
+/* 128 * (the sum of each block's weight integers) per lane: the bias of group_dot16's high plane */
+__attribute__((always_inline)) T_VNNI static inline __m256i group_bias(const __m256i *wv) {
+    __m256i s = _mm256_setzero_si256();
+    for (int c = 0; c < 8; c++) s = _mm256_dpbusd_epi32(s, _mm256_set1_epi8((char)0x80), wv[c]);
+    return s;
+}
+
+/* group_dot for 16-bit activations given as their two transposed byte planes (q = 256 * (xh - 128) + xl, both
+ * unsigned): every vpdpbusd is an activation byte (u8) x a weight integer (s8), so lane l is block l's exact sum
+ * 256 * (sum xh * w - bias) + sum xl * w (|each| < 2^21, no overflow); bias from group_bias */
+__attribute__((always_inline)) T_VNNI static inline __m256i group_dot16(const __m256i *wv, const int8_t *xh,
+                                                                       const int8_t *xl, __m256i bias) {
+    __m256i h[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, l[2] = {h[0], h[1]};
+    for (int c = 0; c < 8; c++) {
+        h[c & 1] = _mm256_dpbusd_epi32(h[c & 1], _mm256_loadu_si256((const __m256i *)(xh + c * HR_QK)), wv[c]);
+        l[c & 1] = _mm256_dpbusd_epi32(l[c & 1], _mm256_loadu_si256((const __m256i *)(xl + c * HR_QK)), wv[c]);
+    }
+    const __m256i hi = _mm256_sub_epi32(_mm256_add_epi32(h[0], h[1]), bias);
+    return _mm256_add_epi32(_mm256_slli_epi32(hi, 8), _mm256_add_epi32(l[0], l[1]));
+}
+
 /* acc (lanes in mask) += (d_w * d_x) * (float)isum [+ m_w * s_x] for packed group gp */
 __attribute__((always_inline)) T_VNNI static inline __m256 group_fma(__m256 acc, const uint8_t *gp, int q41, int nt,
                                                                     __m256i isum, __m256 dx, __m256 sx) {
@@ -102,10 +127,12 @@ static inline void store_out(float *out, __m256 acc, int accumulate) {
     *out = accumulate ? *out + v : v;
 }
 
-/* one activation row (decode): NR packed weight rows at a time, sharing the activation loads; NR independent chains */
+/* one activation row (decode): NR packed weight rows at a time, sharing the activation loads; NR independent chains;
+ * wide: 16-bit activations (a->qt / a->qtl planes) */
 __attribute__((always_inline)) T_VNNI static inline void rows_packed_m1(const hr_qtensor *w, const uint8_t *prow,
                                                                        int64_t row_bytes, const hr_qact *a, float *y,
-                                                                       int64_t n, int accumulate, const int nr) {
+                                                                       int64_t n, int accumulate, const int nr,
+                                                                       const int wide) {
     const int64_t nb = w->cols / HR_QK, gb = 8 * block_bytes(w->fmt);
     const int q41 = w->fmt == HR_Q4_1;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -118,18 +145,22 @@ __attribute__((always_inline)) T_VNNI static inline void rows_packed_m1(const hr
             const uint8_t *gp = prow + r * row_bytes + g * gb;
             __m256i wa[8], wv[8];
             unpack_group(gp, w->fmt, nt, wa, wv);
-            acc[r] = group_fma(acc[r], gp, q41, nt, group_dot(wa, wv, a->qt + g * 8 * HR_QK, q41), dx, sx);
+            const int8_t *xt = a->qt + g * 8 * HR_QK;
+            const __m256i isum = wide ? group_dot16(wv, xt, a->qtl + g * 8 * HR_QK, group_bias(wv))
+                                      : group_dot(wa, wv, xt, q41);
+            acc[r] = group_fma(acc[r], gp, q41, nt, isum, dx, sx);
         }
     }
     for (int r = 0; r < nr; r++) store_out(y + n + r, acc[r], accumulate);
 }
 
 /* y[i, n .. n + nr - 1] for nr packed weight rows (rb bytes apart) and every activation row i (transposed q8 values in
- * a->qt): each group unpacked once for up to HR_M_TILE rows, each activation vector loaded once for the nr rows */
+ * a->qt, or with `wide` 16-bit planes in a->qt / a->qtl): each group unpacked once for up to HR_M_TILE rows, each
+ * activation vector loaded once for the nr rows */
 __attribute__((always_inline)) T_VNNI static inline void rows_packed(const hr_qtensor *w, const uint8_t *prow,
                                                                     int64_t rb, const hr_qact *a, float *y,
                                                                     int64_t ldy, int64_t n, int accumulate,
-                                                                    const int nr) {
+                                                                    const int nr, const int wide) {
     const int64_t k = w->cols, nb = k / HR_QK, gb = 8 * block_bytes(w->fmt), ldq = HR_QT_STRIDE(k);
     const int q41 = w->fmt == HR_Q4_1;
     for (int64_t i0 = 0; i0 < a->m; i0 += HR_M_TILE) {
@@ -140,13 +171,26 @@ __attribute__((always_inline)) T_VNNI static inline void rows_packed(const hr_qt
         for (int64_t g = 0; g * 8 < nb; g++) {
             const int nt = nb - g * 8 >= 8 ? 8 : (int)(nb - g * 8);
             const __mmask8 mask = (__mmask8)((1u << nt) - 1);
-            __m256i wa[2][8], wv[2][8];
-            for (int r = 0; r < nr; r++) unpack_group(prow + r * rb + g * gb, w->fmt, nt, wa[r], wv[r]);
+            __m256i wa[2][8], wv[2][8], bias[2];
+            for (int r = 0; r < nr; r++) {
+                unpack_group(prow + r * rb + g * gb, w->fmt, nt, wa[r], wv[r]);
+                if (wide) bias[r] = group_bias(wv[r]);
+            }
             for (int64_t i = i0; i < i1; i++) {
                 const int8_t *x = a->qt + i * ldq + g * 8 * HR_QK;
                 __m256i s[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()},
                                    {_mm256_setzero_si256(), _mm256_setzero_si256()}};
-                for (int c = 0; c < 8; c++) {
+                for (int c = 0; c < 8 && wide; c++) { /* s[r][0]: the high plane, s[r][1]: the low one */
+                    const __m256i xh = _mm256_loadu_si256((const __m256i *)(x + c * HR_QK));
+                    const __m256i xl = _mm256_loadu_si256((const __m256i *)(a->qtl + i * ldq + g * 8 * HR_QK + c * HR_QK));
+                    for (int r = 0; r < nr; r++) {
+                        s[r][0] = _mm256_dpbusd_epi32(s[r][0], xh, wv[r][c]);
+                        s[r][1] = _mm256_dpbusd_epi32(s[r][1], xl, wv[r][c]);
+                    }
+                }
+                for (int r = 0; r < nr && wide; r++)
+                    s[r][0] = _mm256_slli_epi32(_mm256_sub_epi32(s[r][0], bias[r]), 8);
+                for (int c = 0; c < 8 && !wide; c++) {
                     const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + c * HR_QK));
                     for (int r = 0; r < nr; r++) {
                         const __m256i xs = q41 ? xv : _mm256_sign_epi8(xv, wv[r][c]);
@@ -165,19 +209,28 @@ __attribute__((always_inline)) T_VNNI static inline void rows_packed(const hr_qt
     }
 }
 
-T_VNNI static void gemm_packed_vnni(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate,
-                                    int64_t n0, int64_t n1) {
+/* rows [n0, n1); wide: 16-bit activations (the planes a->qt / a->qtl), else 8-bit (a->qt) */
+__attribute__((always_inline)) T_VNNI static inline void gemm_packed(const hr_qtensor *w, const hr_qact *a, float *y,
+                                                                    int64_t ldy, int accumulate, int64_t n0,
+                                                                    int64_t n1, const int wide) {
     const int64_t row = hr_packed_bytes(w->fmt, 1, w->cols);
     if (a->m == 1) {
         int64_t n = n0;
-        for (; n + 4 <= n1; n += 4) rows_packed_m1(w, w->packed + n * row, row, a, y, n, accumulate, 4);
-        for (; n < n1; n++) rows_packed_m1(w, w->packed + n * row, row, a, y, n, accumulate, 1);
+        for (; n + 4 <= n1; n += 4) rows_packed_m1(w, w->packed + n * row, row, a, y, n, accumulate, 4, wide);
+        for (; n < n1; n++) rows_packed_m1(w, w->packed + n * row, row, a, y, n, accumulate, 1, wide);
         return;
     }
     int64_t n = n0;
-    if (w->fmt == HR_Q4_1) /* two rows' unsigned weights fit the registers (signed formats keep wv too) */
-        for (; n + 2 <= n1; n += 2) rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, 2);
-    for (; n < n1; n++) rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, 1);
+    /* two rows' weights fit the registers when they are unsigned (Q4_1; signed formats keep wv too) or wide (wv only) */
+    if (w->fmt == HR_Q4_1 || wide)
+        for (; n + 2 <= n1; n += 2) rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, 2, wide);
+    for (; n < n1; n++) rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, 1, wide);
+}
+
+T_VNNI static void gemm_packed_vnni(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate,
+                                    int64_t n0, int64_t n1) {
+    if (a->q16) gemm_packed(w, a, y, ldy, accumulate, n0, n1, 1);
+    else gemm_packed(w, a, y, ldy, accumulate, n0, n1, 0);
 }
 #endif
 

@@ -110,6 +110,23 @@ T_AVX2 static void transpose_groups(const int8_t *q, int8_t *qt, int64_t m, int6
 }
 #endif
 
+void hr_split16_planes(const int16_t *q16, int64_t m, int64_t k, int8_t *qth, int8_t *qtl) {
+#if HR_X86
+    int8_t hi[HR_MAX_COLS], lo[HR_MAX_COLS];
+    for (int64_t i = 0; i < m; i++) {
+        const int16_t *q = q16 + i * k;
+        for (int64_t j = 0; j < k; j++) {
+            const int32_t v = q[j] + 32768; /* [1, 65535]: hi = v >> 8 = (q >> 8) + 128, lo = q & 255 */
+            hi[j] = (int8_t)(uint8_t)(v >> 8), lo[j] = (int8_t)(uint8_t)(v & 255);
+        }
+        transpose_groups(hi, qth + i * HR_QT_STRIDE(k), 1, k);
+        transpose_groups(lo, qtl + i * HR_QT_STRIDE(k), 1, k);
+    }
+#else
+    (void)q16, (void)m, (void)k, (void)qth, (void)qtl;
+#endif
+}
+
 void hr_quantize_rows_isa(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s, int8_t *qt,
                           int64_t isa) {
 #if HR_X86
