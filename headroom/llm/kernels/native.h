@@ -20,6 +20,9 @@ enum { HR_ISA_SCALAR = 0, HR_ISA_AVX2 = 1, HR_ISA_AVX512VNNI = 2, HR_ISA_COUNT =
 #define HR_QK 32                                                                /* values per block */
 /* bytes per row of hr_qact.qt: every group of 8 blocks transposed, the tail group padded with zero blocks */
 #define HR_QT_STRIDE(k) ((((k) / HR_QK + 7) / 8) * 8 * HR_QK)
+/* a tail group of nt blocks stored compact in hr_qact.qt / qtl (chunk c of block l at 4 * nt * c + 4 * l, as the packed
+ * weights are) rather than padded to 8 blocks (native_pack.c) */
+#define HR_COMPACT_TAIL(nt) ((nt) == 2 || (nt) == 4)
 
 typedef struct {
     int64_t fmt;         /* HR_F32 ... HR_Q8_0 */
@@ -32,7 +35,7 @@ typedef struct {
     const float *x; /* [m, k] fp32 (F16/F32 weights read it directly) */
     int8_t *q;      /* [m, k] quantised values */
     int8_t *qt;     /* NULL, or [m, HR_QT_STRIDE(k)]: q with each group of 8 blocks transposed, the tail group padded
-                       with zero blocks (AVX-512 VNNI path) */
+                       with zero blocks or compact (HR_COMPACT_TAIL) (AVX-512 VNNI path) */
     int16_t *q16;   /* NULL, or [m, k] 16-bit values: then block-format weights use these, not q (d, s match) */
     float *d, *s;   /* [m, k / 32] block scale and d * sum(q) */
     int64_t m, k;

@@ -94,13 +94,19 @@ T_AVX2 static void quantize_rows_avx2(const float *x, int64_t m, int64_t k, int8
 
 #if HR_X86
 /* qt = q with every group of 8 blocks transposed (transpose8), rows HR_QT_STRIDE(k) apart; the tail group is
- * padded with zero blocks */
+ * padded with zero blocks, or compact (HR_COMPACT_TAIL: chunk c of block l at 4 * nt * c + 4 * l) */
 T_AVX2 static void transpose_groups(const int8_t *q, int8_t *qt, int64_t m, int64_t k) {
     const int64_t nb = k / HR_QK, groups = (nb + 7) / 8;
     for (int64_t i = 0; i < m; i++)
         for (int64_t g = 0; g < groups; g++) {
             const int8_t *src = q + i * k + g * 8 * HR_QK;
             int8_t *dst = qt + i * HR_QT_STRIDE(k) + g * 8 * HR_QK;
+            const int64_t nt = nb - g * 8 < 8 ? nb - g * 8 : 8;
+            if (HR_COMPACT_TAIL(nt)) {
+                for (int64_t c = 0; c < 8; c++)
+                    for (int64_t l = 0; l < nt; l++) memcpy(dst + 4 * nt * c + 4 * l, src + l * HR_QK + 4 * c, 4);
+                continue;
+            }
             __m256i r[8];
             for (int j = 0; j < 8; j++)
                 r[j] = g * 8 + j < nb ? _mm256_loadu_si256((const __m256i *)(src + j * HR_QK)) : _mm256_setzero_si256();

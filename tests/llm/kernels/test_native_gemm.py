@@ -10,8 +10,10 @@ import pytest
 from headroom.llm import quant_blocks as qb
 from headroom.llm.kernels.native_gemm import ISA_ENV, native_gemm, pack_tensor, resolve_isa, supported_isas
 
-# (M, N, K): ragged M and N (M past the 64-row tile), K with a block tail (K/32 not a multiple of 8)
-SHAPES = [(1, 1, 32), (1, 9, 96), (3, 17, 96), (5, 33, 288), (8, 40, 576), (33, 7, 1056), (2, 19, 40), (70, 9, 288)]
+# (M, N, K): ragged M and N (M past the 64-row tile), K with a block tail (K/32 not a multiple of 8: tails of 1, 3
+# blocks and the compact ones of 2 and 4)
+SHAPES = [(1, 1, 32), (1, 9, 96), (3, 17, 96), (5, 33, 288), (8, 40, 576), (33, 7, 1056), (2, 19, 40), (70, 9, 288),
+          (1, 6, 64), (1, 7, 384), (4, 11, 384), (3, 5, 128)]  # fmt: skip
 
 
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "gguf-layout"])
