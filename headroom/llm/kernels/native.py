@@ -190,10 +190,10 @@ class NativeStepKernel:
         layers = (NativeLayer * cfg.num_hidden_layers)()
         for i, ly in enumerate(weights.layers):
             k_cache, v_cache = kv_caches[i]
-            q8 = [self._packed(lib, t) for t in (ly.q, ly.k, ly.v, ly.o, ly.gate, ly.up)]  # 8-bit inputs
+            linears = [self._packed(lib, t) for t in (ly.q, ly.k, ly.v, ly.o, ly.gate, ly.up, ly.down)]
             layers[i] = NativeLayer(
                 self._f32(ly.input_norm), self._f32(ly.post_norm), self._f32(ly.q_bias), self._f32(ly.k_bias),
-                self._f32(ly.v_bias), *q8, c_qtensor(ly.down), k_cache.data_ptr(), v_cache.data_ptr(),
+                self._f32(ly.v_bias), *linears, k_cache.data_ptr(), v_cache.data_ptr(),
             )  # fmt: skip
         self._layers = layers
         self._model = NativeModel(

@@ -26,8 +26,9 @@
  * rows and waiting at a barrier, which halves the step's barriers (each a futex wake-up under OMP_WAIT_POLICY=passive).
  * The ops per row are the same either way, so the bits are too. */
 #define HR_PRIVATE_ROWS 8
-/* down_proj's input bits: 32 (fp32, not quantised) or 16 (docs/native_kernels.md, the quality table) */
-#define HR_DOWN_BITS 32
+/* down_proj's input bits: 16 (the packed 16-bit kernel; whole-corpus gate 97.40% top-1, +0.135% ppl) or 32 (fp32,
+ * not quantised: 97.59%, +0.12%, ~3x slower at batch 1); docs/native_kernels.md, the quality section */
+#define HR_DOWN_BITS 16
 
 int hr_has_avx2(void);
 
@@ -58,9 +59,8 @@ static void rms_norm(const float *x, int64_t n, const float *w, float eps, float
 }
 
 /* where a step's activations are quantised (q8 values, the VNNI path's transposed copy, 16-bit values, block
- * scales and sums). Inputs are 8-bit except down_proj's (fp32: SiLU * up has outliers that even 16-bit blocks
- * blur) and the lm_head's (16-bit): 8 bits there cost the quality gate its top-1 agreement
- * (docs/native_kernels.md). */
+ * scales and sums). Inputs are 8-bit except down_proj's and the lm_head's (16-bit, HR_DOWN_BITS): 8 bits there
+ * cost the quality gate its top-1 agreement (docs/native_kernels.md). */
 typedef struct {
     int8_t *q, *qt, *qtl; /* qtl: the low plane of 16-bit values on the VNNI path (qt then holds the high one) */
     int16_t *q16;
