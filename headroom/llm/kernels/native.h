@@ -49,6 +49,8 @@ int hr_native_isa_supported(int64_t isa);
 void hr_quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s);
 /* the same with 16 bits (qmax 32767; every path runs this one) */
 void hr_quantize_rows16(const float *x, int64_t m, int64_t k, int16_t *q, float *d, float *s);
+/* the same on path isa (AVX2 on the SIMD paths; identical results for finite x) */
+void hr_quantize_rows16_isa(const float *x, int64_t m, int64_t k, int16_t *q, float *d, float *s, int64_t isa);
 /* the VNNI path's planes of 16-bit values (hr_qact.qt / qtl) for m rows of k, HR_QT_STRIDE(k) apart */
 void hr_split16_planes(const int16_t *q16, int64_t m, int64_t k, int8_t *qth, int8_t *qtl);
 /* the same on path isa (identical results for finite x); qt (nullable) gets the VNNI path's transposed copy */

@@ -259,7 +259,7 @@ int hr_native_gemm(const hr_qtensor *w, const float *x, int64_t m, float *y, int
             free(q), free(qt), free(qtl), free(q16), free(d), free(s);
             return -1;
         }
-        if (act_bits == 16) hr_quantize_rows16(x, m, k, q16, d, s), a.q16 = q16;
+        if (act_bits == 16) hr_quantize_rows16_isa(x, m, k, q16, d, s, isa), a.q16 = q16;
         else hr_quantize_rows_isa(x, m, k, q, d, s, qt, isa);
         if (act_bits == 16 && isa == HR_ISA_AVX512VNNI) hr_split16_planes(q16, m, k, qt, qtl), a.qtl = qtl;
         a.q = q, a.qt = qt, a.d = d, a.s = s;

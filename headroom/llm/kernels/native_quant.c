@@ -56,13 +56,14 @@ static inline void block_scales_q(float amax, float qmax, float *id, float *db) 
     *db = *id > 0.0f ? amax / qmax : 0.0f;
 }
 
-static inline void block_scales(float amax, float *id, float *db) { block_scales_q(amax, 127.0f, id, db); }
 
 #if HR_X86
-/* hr_quantize_rows for finite x with AVX2: the same ops (max is exact, vroundps = rint) */
-T_AVX2 static void quantize_rows_avx2(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s) {
+/* hr_quantize_rows (q8 != NULL) or hr_quantize_rows16 (q16) for finite x with AVX2: the same ops (max is exact,
+ * vroundps = rint) */
+T_AVX2 static void quantize_rows_avx2(const float *x, int64_t m, int64_t k, float qmax, int8_t *q, int16_t *q16,
+                                      float *d, float *s) {
     const int64_t nb = k / HR_QK;
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), lim = _mm256_set1_ps(127.0f);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), lim = _mm256_set1_ps(qmax);
     for (int64_t i = 0; i < m; i++)
         for (int64_t b = 0; b < nb; b++) {
             const float *xb = x + i * k + b * HR_QK;
@@ -72,7 +73,7 @@ T_AVX2 static void quantize_rows_avx2(const float *x, int64_t m, int64_t k, int8
             h = _mm_max_ps(h, _mm_movehl_ps(h, h));
             h = _mm_max_ss(h, _mm_movehdup_ps(h));
             float id, db;
-            block_scales(_mm_cvtss_f32(h), &id, &db);
+            block_scales_q(_mm_cvtss_f32(h), qmax, &id, &db);
             __m256i r[4], sum = _mm256_setzero_si256();
             for (int j = 0; j < 4; j++) {
                 __m256 t = _mm256_round_ps(_mm256_mul_ps(v[j], _mm256_set1_ps(id)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -80,9 +81,15 @@ T_AVX2 static void quantize_rows_avx2(const float *x, int64_t m, int64_t k, int8
                 r[j] = _mm256_cvtps_epi32(t);
                 sum = _mm256_add_epi32(sum, r[j]);
             }
-            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
-            _mm256_storeu_si256((__m256i *)(q + i * k + b * HR_QK),
-                                _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            const __m256i w0 = _mm256_packs_epi32(r[0], r[1]), w1 = _mm256_packs_epi32(r[2], r[3]);
+            if (q16) {
+                _mm256_storeu_si256((__m256i *)(q16 + i * k + b * HR_QK), _mm256_permute4x64_epi64(w0, 0xD8));
+                _mm256_storeu_si256((__m256i *)(q16 + i * k + b * HR_QK + 16), _mm256_permute4x64_epi64(w1, 0xD8));
+            } else {
+                _mm256_storeu_si256((__m256i *)(q + i * k + b * HR_QK),
+                                    _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w0, w1),
+                                                                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            }
             __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
             t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
             t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
@@ -137,7 +144,7 @@ void hr_quantize_rows_isa(const float *x, int64_t m, int64_t k, int8_t *q, float
                           int64_t isa) {
 #if HR_X86
     if (isa != HR_ISA_SCALAR) {
-        quantize_rows_avx2(x, m, k, q, d, s);
+        quantize_rows_avx2(x, m, k, 127.0f, q, NULL, d, s);
         if (qt && isa == HR_ISA_AVX512VNNI) transpose_groups(q, qt, m, k);
         return;
     }
@@ -189,6 +196,17 @@ void hr_quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *d,
 
 void hr_quantize_rows16(const float *x, int64_t m, int64_t k, int16_t *q, float *d, float *s) {
     quantize_rows_q(x, m, k, 32767.0f, NULL, q, d, s);
+}
+
+void hr_quantize_rows16_isa(const float *x, int64_t m, int64_t k, int16_t *q, float *d, float *s, int64_t isa) {
+#if HR_X86
+    if (isa != HR_ISA_SCALAR) {
+        quantize_rows_avx2(x, m, k, 32767.0f, NULL, q, d, s);
+        return;
+    }
+#endif
+    (void)isa;
+    hr_quantize_rows16(x, m, k, q, d, s);
 }
 
 /* Checks shared by the exported entry points: 0 ok, -2 bad weight / width / path. */

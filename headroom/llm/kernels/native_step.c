@@ -78,7 +78,7 @@ static void quantize_row_t(const float *x, int64_t t, int64_t k, const act_bufs 
     const int64_t nb = k / HR_QK;
     if (bits == 32) return;
     if (bits == 16) {
-        hr_quantize_rows16(x + t * k, 1, k, b->q16 + t * k, b->d + t * nb, b->s + t * nb);
+        hr_quantize_rows16_isa(x + t * k, 1, k, b->q16 + t * k, b->d + t * nb, b->s + t * nb, isa);
         if (isa == HR_ISA_AVX512VNNI) /* the packed kernel's two byte planes */
             hr_split16_planes(b->q16 + t * k, 1, k, b->qt + t * HR_QT_STRIDE(k), b->qtl + t * HR_QT_STRIDE(k));
     } else hr_quantize_rows_isa(x + t * k, 1, k, b->q + t * k, b->d + t * nb, b->s + t * nb, b->qt + t * HR_QT_STRIDE(k), isa);
