@@ -14,7 +14,7 @@ Activations (`quantize_activations`): each row of x, in blocks of 32 (llama.cpp'
 then d = 0 too), `q = rint(x * id)` ROUNDED TO NEAREST, TIES TO EVEN (llama.cpp's AVX code, `_mm256_round_ps`;
 its scalar reference rounds ties away from zero: they differ only on exact .5 ties), clamped to [-127, 127];
 `s = d * (float)sum(q)` (used by Q4_1). d and s stay fp32 (llama.cpp rounds them to fp16).
-With `bits=16` (the step's lm_head input) the same with 32767 in place of 127 and int16 q.
+With `bits=16` (the step's lm_head and down_proj inputs) the same with 32767 in place of 127 and int16 q.
 
 `reference_matmul` y[m, n] = x[m] . W[n], with every op in fp32 and no FMA contraction:
 1. per block b: the EXACT int32 dot `isum` of the weight block's integers and q (Q4_0: (nibble - 8) * q; Q4_1:
@@ -27,7 +27,8 @@ With `bits=16` (the step's lm_head input) the same with 32767 in place of 127 an
 4. `y = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))` (the AVX horizontal-sum tree).
 
 F16 / F32 weights take x unquantised: step 2 is `v = x[k] * w[k]` per element k, accumulated into lane `k % 8`,
-then the same tree. So do block formats with `act_bits=32` (the step's down_proj input), on w = `dequantize(...)`.
+then the same tree. So do block formats with `act_bits=32` (fp32 inputs: the step's former down_proj mode), on
+w = `dequantize(...)`.
 A row's result depends only on that row of x and that row of W: never on how many rows a step has, how they are
 tiled, or how many threads run (batch invariance).
 """

@@ -20,6 +20,9 @@ enum { HR_ISA_SCALAR = 0, HR_ISA_AVX2 = 1, HR_ISA_AVX512VNNI = 2, HR_ISA_COUNT =
 #define HR_QK 32                                                                /* values per block */
 /* bytes per row of hr_qact.qt: every group of 8 blocks transposed, the tail group padded with zero blocks */
 #define HR_QT_STRIDE(k) ((((k) / HR_QK + 7) / 8) * 8 * HR_QK)
+/* a tail group of nt blocks stored compact in hr_qact.qt / qtl (chunk c of block l at 4 * nt * c + 4 * l, as the packed
+ * weights are) rather than padded to 8 blocks (native_pack.c) */
+#define HR_COMPACT_TAIL(nt) ((nt) == 2 || (nt) == 4)
 
 typedef struct {
     int64_t fmt;         /* HR_F32 ... HR_Q8_0 */
@@ -32,10 +35,12 @@ typedef struct {
     const float *x; /* [m, k] fp32 (F16/F32 weights read it directly) */
     int8_t *q;      /* [m, k] quantised values */
     int8_t *qt;     /* NULL, or [m, HR_QT_STRIDE(k)]: q with each group of 8 blocks transposed, the tail group padded
-                       with zero blocks (AVX-512 VNNI path) */
+                       with zero blocks or compact (HR_COMPACT_TAIL) (AVX-512 VNNI path) */
     int16_t *q16;   /* NULL, or [m, k] 16-bit values: then block-format weights use these, not q (d, s match) */
     float *d, *s;   /* [m, k / 32] block scale and d * sum(q) */
     int64_t m, k;
+    int8_t *qtl;    /* NULL, or (with q16, AVX-512 VNNI path) q16's low bytes transposed like qt; qt then holds its high
+                       bytes + 128: q16 = 256 * (qt - 128) + qtl, both read as unsigned bytes (hr_split16_planes) */
 } hr_qact;
 
 int64_t hr_row_bytes(int64_t fmt, int64_t cols);
@@ -44,6 +49,10 @@ int hr_native_isa_supported(int64_t isa);
 void hr_quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s);
 /* the same with 16 bits (qmax 32767; every path runs this one) */
 void hr_quantize_rows16(const float *x, int64_t m, int64_t k, int16_t *q, float *d, float *s);
+/* the same on path isa (AVX2 on the SIMD paths; identical results for finite x) */
+void hr_quantize_rows16_isa(const float *x, int64_t m, int64_t k, int16_t *q, float *d, float *s, int64_t isa);
+/* the VNNI path's planes of 16-bit values (hr_qact.qt / qtl) for m rows of k, HR_QT_STRIDE(k) apart */
+void hr_split16_planes(const int16_t *q16, int64_t m, int64_t k, int8_t *qth, int8_t *qtl);
 /* the same on path isa (identical results for finite x); qt (nullable) gets the VNNI path's transposed copy */
 void hr_quantize_rows_isa(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s, int8_t *qt,
                           int64_t isa);
@@ -55,7 +64,8 @@ void hr_gemm_team(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, 
 int hr_check_tensor(const hr_qtensor *w, int64_t isa);
 /* row r of w as fp32 [w->cols] (q * d, + m for Q4_1) */
 void hr_dequantize_row(const hr_qtensor *w, int64_t r, float *out);
-/* rows [n0, n1) of y from w->packed (VNNI path, 8-bit activations with a->qt; native_pack.c) */
+/* rows [n0, n1) of y from w->packed (VNNI path: 8-bit activations with a->qt, or 16-bit ones (a->q16) with the planes
+ * a->qt / a->qtl; native_pack.c) */
 void hr_gemm_rows_packed(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate, int64_t n0,
                          int64_t n1);
 /* fp32 value of one fp16 (exact) */

@@ -202,25 +202,25 @@ class NativeStepKernel:
         layers = (NativeLayer * cfg.num_hidden_layers)()
         for i, ly in enumerate(weights.layers):
             k_cache, v_cache = caches[i]
-            q8 = [self._packed(lib, t) for t in (ly.q, ly.k, ly.v, ly.o, ly.gate, ly.up)]  # 8-bit inputs
+            linears = [self._packed(lib, t) for t in (ly.q, ly.k, ly.v, ly.o, ly.gate, ly.up, ly.down)]
             layers[i] = NativeLayer(
                 self._f32(ly.input_norm), self._f32(ly.post_norm), self._f32(ly.q_bias), self._f32(ly.k_bias),
-                self._f32(ly.v_bias), *q8, c_qtensor(ly.down), k_cache.ctypes.data, v_cache.ctypes.data,
+                self._f32(ly.v_bias), *linears, k_cache.ctypes.data, v_cache.ctypes.data,
             )  # fmt: skip
         self._layers = layers
         self._model = NativeModel(
             cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, d,
             cfg.intermediate_size, cfg.vocab_size, num_slots, block_size_tokens, cfg.max_position_embeddings,
             cfg.rms_norm_eps, c_qtensor(weights.embed), cos, sin, self._f32(weights.final_norm), layers,
-            c_qtensor(weights.lm_head),
+            self._packed(lib, weights.lm_head),
         )  # fmt: skip
         self._fn = lib.hr_native_step
         self._fn.argtypes = [ctypes.POINTER(NativeModel), _I, _P, _P, _P, _I, _P, _I, _P, _I, _P, _I, _I, _P]
         self._fn.restype = ctypes.c_int
 
     def _packed(self, lib: ctypes.CDLL, t: QTensor) -> CQTensor:
-        """The C view of a linear with 8-bit inputs, with its packed layout where this path has one (one pass
-        over the bytes at load, ~the GGUF's size: native_pack.c)."""
+        """The C view of a linear with 8- or 16-bit inputs, with its packed layout where this path has one (one
+        pass over the bytes at load, ~the GGUF's size: native_pack.c)."""
         packed = pack_tensor(lib, t, self.isa)
         self._keep.append(packed)
         return c_qtensor(t, packed)

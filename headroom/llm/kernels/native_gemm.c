@@ -183,12 +183,13 @@ static void gemm_rows(const hr_qtensor *w, const hr_qact *a, float *y, int64_t l
                       int64_t n0, int64_t n1, int8_t *wq, float *dw, float *mw, float *wf) {
     const int64_t k = w->cols, nb = k / HR_QK, rb = hr_row_bytes(w->fmt, k);
     const int plain = w->fmt == HR_F32 || w->fmt == HR_F16, q41 = w->fmt == HR_Q4_1;
-    if (!plain && (a->q16 || !a->q)) {
-        hr_gemm_rows_wide(w, a, y, ldy, accumulate, isa, n0, n1, wf);
+    const int packed = !plain && isa == HR_ISA_AVX512VNNI && w->packed && a->qt; /* 8-bit, or 16-bit with planes */
+    if (packed && (a->q16 ? a->qtl != NULL : a->q != NULL)) {
+        hr_gemm_rows_packed(w, a, y, ldy, accumulate, n0, n1);
         return;
     }
-    if (!plain && isa == HR_ISA_AVX512VNNI && w->packed && a->qt) {
-        hr_gemm_rows_packed(w, a, y, ldy, accumulate, n0, n1);
+    if (!plain && (a->q16 || !a->q)) {
+        hr_gemm_rows_wide(w, a, y, ldy, accumulate, isa, n0, n1, wf);
         return;
     }
     for (int64_t n = n0; n < n1; n++) {
@@ -247,24 +248,25 @@ int hr_native_gemm(const hr_qtensor *w, const float *x, int64_t m, float *y, int
         return -2;
     const int64_t k = w->cols, nb = k / HR_QK;
     hr_qact a = {x, NULL, NULL, NULL, NULL, NULL, m, k};
-    int8_t *q = NULL, *qt = NULL;
+    int8_t *q = NULL, *qt = NULL, *qtl = NULL;
     int16_t *q16 = NULL;
     float *d = NULL, *s = NULL;
     if (w->fmt != HR_F32 && w->fmt != HR_F16 && act_bits != 32) {
         q = malloc((size_t)(m * k) + 1), qt = malloc((size_t)(m * HR_QT_STRIDE(k)) + 1);
-        q16 = malloc((size_t)(m * k + 1) * sizeof(int16_t));
+        qtl = malloc((size_t)(m * HR_QT_STRIDE(k)) + 1), q16 = malloc((size_t)(m * k + 1) * sizeof(int16_t));
         d = malloc((size_t)(m * nb + 1) * sizeof(float)), s = malloc((size_t)(m * nb + 1) * sizeof(float));
-        if (!q || !qt || !q16 || !d || !s) {
-            free(q), free(qt), free(q16), free(d), free(s);
+        if (!q || !qt || !qtl || !q16 || !d || !s) {
+            free(q), free(qt), free(qtl), free(q16), free(d), free(s);
             return -1;
         }
-        if (act_bits == 16) hr_quantize_rows16(x, m, k, q16, d, s), a.q16 = q16;
+        if (act_bits == 16) hr_quantize_rows16_isa(x, m, k, q16, d, s, isa), a.q16 = q16;
         else hr_quantize_rows_isa(x, m, k, q, d, s, qt, isa);
+        if (act_bits == 16 && isa == HR_ISA_AVX512VNNI) hr_split16_planes(q16, m, k, qt, qtl), a.qtl = qtl;
         a.q = q, a.qt = qt, a.d = d, a.s = s;
     }
 #pragma omp parallel num_threads((int)num_threads)
     hr_gemm_team(w, &a, y, w->rows, 0, isa);
-    free(q), free(qt), free(q16), free(d), free(s);
+    free(q), free(qt), free(qtl), free(q16), free(d), free(s);
     return 0;
 }
 

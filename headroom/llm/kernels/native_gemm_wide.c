@@ -1,6 +1,7 @@
-/* Block-format GEMMs with wider activations than q8 (quant_blocks.reference_matmul's act_bits 16 and 32): the step
- * runs down_proj on fp32 inputs and the lm_head on 16-bit ones, where 8-bit inputs cost the quality gate its top-1
- * agreement (docs/native_kernels.md).
+/* Block-format GEMMs with wider activations than q8 (quant_blocks.reference_matmul's act_bits 16 and 32) on the GGUF
+ * layout: the step runs down_proj and the lm_head on 16-bit inputs (HR_DOWN_BITS), where 8-bit inputs cost the
+ * quality gate its top-1 agreement (docs/native_kernels.md); the VNNI path reads their packed layout instead
+ * (native_pack.c), the scalar and AVX2 paths these.
  *
  * - 16 bits: per block the exact int32 dot of the weight integers and the int16 values (AVX2 vpmaddwd: |w x| * 2 <
  *   2^31), (float)isum rounded once, then dot_q_scalar's fp32 ops in its order; both SIMD paths run the AVX2 code

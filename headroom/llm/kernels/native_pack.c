@@ -13,6 +13,10 @@
  * tail group padded with zero blocks) comes from the quantiser. The fp32 ops are quant_blocks' contract unchanged:
  * v = (d_w * d_x) * (float)isum [+ m_w * s_x] into lane b % 8; the tail group's missing lanes are masked off (left
  * untouched), so the bits equal every other path's.
+ *
+ * 16-bit activations (the lm_head's; hr_qact.q16) run on the same layout as two byte planes, q = 256 * (hi - 128) + lo
+ * (hr_split16_planes): lane l of three vpdpbusd chains (hi x w, lo x w, and 128 x w once per group and row) gives
+ * block l's exact int32 sum, so the result equals the 16-bit reference's bit for bit.
  */
 #include <string.h>
 
@@ -54,37 +58,79 @@ __attribute__((always_inline)) T_VNNI static inline __m256 load_halves(const uin
                                    : _mm_maskz_loadu_epi16((__mmask8)((1u << nt) - 1), p));
 }
 
-/* the 8 transposed weight vectors of packed group gp (nt blocks): wa unsigned for vpdpbusd, wv the signed values
- * (sign trick) */
-__attribute__((always_inline)) T_VNNI static inline void unpack_group(const uint8_t *gp, int64_t fmt, int nt,
+/* The vectors of group gp (nt blocks), transposed: nv = 8 (chunk c in vector c, lane l = block l; a tail group of
+ * other sizes with masked loads, against zero-padded activations), or nv = nt for a COMPACT tail group (nt 2 or 4,
+ * HR_COMPACT_TAIL): its chunks are contiguous (chunk c at 4 * nt * c, as in every group), so nt vectors hold all 8
+ * chunks with lane j belonging to block j % nt (the activations' tail group is stored the same way, native_quant.c)
+ * and fold_tail sums the lanes of a block: a 2-block tail costs 2 vectors' work, not 8. wa unsigned for vpdpbusd, wv
+ * the signed values (sign trick). */
+__attribute__((always_inline)) T_VNNI static inline void unpack_group(const uint8_t *gp, int64_t fmt, int nt, int nv,
                                                                      __m256i *wa, __m256i *wv) {
-    const int q8 = fmt == HR_Q8_0, io = (fmt == HR_Q4_1 ? 4 : 2) * nt;
+    const int q8 = fmt == HR_Q8_0, io = (fmt == HR_Q4_1 ? 4 : 2) * nt, half = nv / 2;
     const __m256i low = _mm256_set1_epi8(15);
-    for (int c = 0; c < (q8 ? 8 : 4); c++) {
-        const __m256i raw = load_dwords(gp + io + 4 * nt * c, nt);
+    for (int c = 0; c < (q8 ? nv : half); c++) {
+        const uint8_t *p = gp + io + (nv == 8 ? 4 * nt : HR_QK) * c;
+        const __m256i raw = nv == 8 ? load_dwords(p, nt) : _mm256_loadu_si256((const __m256i *)p);
         if (q8) {
             wv[c] = raw;
             continue;
         }
         wv[c] = _mm256_and_si256(raw, low);
-        wv[c + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+        wv[c + half] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
     }
-    for (int c = 0; c < 8; c++) {
+    for (int c = 0; c < nv; c++) {
         if (fmt == HR_Q4_0) wv[c] = _mm256_sub_epi8(wv[c], _mm256_set1_epi8(8));
         wa[c] = fmt == HR_Q4_1 ? wv[c] : _mm256_abs_epi8(wv[c]);
     }
 }
 
-/* lane l = block l's exact int32 dot with the transposed activations x (4 independent vpdpbusd chains) */
+/* a compact tail's lanes summed per block (lane l < nv = block l; exact int32 adds); nv = 8: unchanged */
+__attribute__((always_inline)) T_VNNI static inline __m256i fold_tail(__m256i s, int nv) {
+    if (nv == 8) return s;
+    s = _mm256_add_epi32(s, _mm256_permute2x128_si256(s, s, 0x01));
+    return nv == 2 ? _mm256_add_epi32(s, _mm256_shuffle_epi32(s, 0x4E)) : s;
+}
+
+/* lane l = block l's exact int32 dot with the transposed activations x (4 independent vpdpbusd chains), unfolded */
 __attribute__((always_inline)) T_VNNI static inline __m256i group_dot(const __m256i *wa, const __m256i *wv,
-                                                                     const int8_t *x, int q41) {
+                                                                     const int8_t *x, int q41, int nv) {
     __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
-    for (int c = 0; c < 8; c++) {
+    for (int c = 0; c < nv; c++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x + c * HR_QK));
         if (!q41) xv = _mm256_sign_epi8(xv, wv[c]);
         s[c & 3] = _mm256_dpbusd_epi32(s[c & 3], wa[c], xv);
     }
     return _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
+}
+
+/* 128 * (the sum of each block's weight integers) per lane: the bias of group_dot16's high plane */
+__attribute__((always_inline)) T_VNNI static inline __m256i group_bias(const __m256i *wv, int nv) {
+    __m256i s = _mm256_setzero_si256();
+    for (int c = 0; c < nv; c++) s = _mm256_dpbusd_epi32(s, _mm256_set1_epi8((char)0x80), wv[c]);
+    return s;
+}
+
+/* group_dot for 16-bit activations given as their two transposed byte planes (q = 256 * (xh - 128) + xl, both
+ * unsigned): every vpdpbusd is an activation byte (u8) x a weight integer (s8), so lane l is block l's exact sum
+ * 256 * (sum xh * w - bias) + sum xl * w (|each| < 2^21, no overflow); bias from group_bias */
+__attribute__((always_inline)) T_VNNI static inline __m256i group_dot16(const __m256i *wv, const int8_t *xh,
+                                                                       const int8_t *xl, __m256i bias, int nv) {
+    __m256i h[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, l[2] = {h[0], h[1]};
+    for (int c = 0; c < nv; c++) {
+        h[c & 1] = _mm256_dpbusd_epi32(h[c & 1], _mm256_loadu_si256((const __m256i *)(xh + c * HR_QK)), wv[c]);
+        l[c & 1] = _mm256_dpbusd_epi32(l[c & 1], _mm256_loadu_si256((const __m256i *)(xl + c * HR_QK)), wv[c]);
+    }
+    const __m256i hi = _mm256_sub_epi32(_mm256_add_epi32(h[0], h[1]), bias);
+    return _mm256_add_epi32(_mm256_slli_epi32(hi, 8), _mm256_add_epi32(l[0], l[1]));
+}
+
+/* group gp's exact block sums (lane l = block l) against activations x (xl: the low plane when wide) */
+__attribute__((always_inline)) T_VNNI static inline __m256i group_isum(const uint8_t *gp, int64_t fmt, int nt, int nv,
+                                                                      const int8_t *x, const int8_t *xl, int q41,
+                                                                      int wide) {
+    __m256i wa[8], wv[8];
+    unpack_group(gp, fmt, nt, nv, wa, wv);
+    return fold_tail(wide ? group_dot16(wv, x, xl, group_bias(wv, nv), nv) : group_dot(wa, wv, x, q41, nv), nv);
 }
 
 /* acc (lanes in mask) += (d_w * d_x) * (float)isum [+ m_w * s_x] for packed group gp */
@@ -102,82 +148,130 @@ static inline void store_out(float *out, __m256 acc, int accumulate) {
     *out = accumulate ? *out + v : v;
 }
 
-/* one activation row (decode): NR packed weight rows at a time, sharing the activation loads; NR independent chains */
+/* vectors per group of nt blocks (unpack_group) */
+static inline int group_vectors(int nt) { return HR_COMPACT_TAIL(nt) ? nt : 8; }
+
+/* group g (nt blocks, nv vectors) of NR packed weight rows (row_bytes apart) against the one activation row */
+__attribute__((always_inline)) T_VNNI static inline void group_m1(const hr_qtensor *w, const uint8_t *prow,
+                                                                 int64_t row_bytes, const hr_qact *a, int64_t g,
+                                                                 const int nt, const int nv, __m256 *acc, const int nr,
+                                                                 const int wide) {
+    const int64_t gb = 8 * block_bytes(w->fmt);
+    const int q41 = w->fmt == HR_Q4_1;
+    const __mmask8 mask = (__mmask8)((1u << nt) - 1);
+    const __m256 dx = _mm256_maskz_loadu_ps(mask, a->d + g * 8);
+    const __m256 sx = q41 ? _mm256_maskz_loadu_ps(mask, a->s + g * 8) : _mm256_setzero_ps();
+    const int8_t *xt = a->qt + g * 8 * HR_QK, *xtl = wide ? a->qtl + g * 8 * HR_QK : NULL;
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *gp = prow + r * row_bytes + g * gb;
+        acc[r] = group_fma(acc[r], gp, q41, nt, group_isum(gp, w->fmt, nt, nv, xt, xtl, q41, wide), dx, sx);
+    }
+}
+
+/* one activation row (decode): NR packed weight rows at a time, sharing the activation loads; NR independent chains;
+ * wide: 16-bit activations (a->qt / a->qtl planes) */
 __attribute__((always_inline)) T_VNNI static inline void rows_packed_m1(const hr_qtensor *w, const uint8_t *prow,
                                                                        int64_t row_bytes, const hr_qact *a, float *y,
-                                                                       int64_t n, int accumulate, const int nr) {
-    const int64_t nb = w->cols / HR_QK, gb = 8 * block_bytes(w->fmt);
-    const int q41 = w->fmt == HR_Q4_1;
+                                                                       int64_t n, int accumulate, const int nr,
+                                                                       const int wide) {
+    const int64_t nb = w->cols / HR_QK, full = nb / 8;
+    const int tail = (int)(nb % 8);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t g = 0; g * 8 < nb; g++) {
-        const int nt = nb - g * 8 >= 8 ? 8 : (int)(nb - g * 8);
-        const __mmask8 mask = (__mmask8)((1u << nt) - 1);
-        const __m256 dx = _mm256_maskz_loadu_ps(mask, a->d + g * 8);
-        const __m256 sx = q41 ? _mm256_maskz_loadu_ps(mask, a->s + g * 8) : _mm256_setzero_ps();
-        for (int r = 0; r < nr; r++) {
-            const uint8_t *gp = prow + r * row_bytes + g * gb;
-            __m256i wa[8], wv[8];
-            unpack_group(gp, w->fmt, nt, wa, wv);
-            acc[r] = group_fma(acc[r], gp, q41, nt, group_dot(wa, wv, a->qt + g * 8 * HR_QK, q41), dx, sx);
-        }
-    }
+    for (int64_t g = 0; g < full; g++) group_m1(w, prow, row_bytes, a, g, 8, 8, acc, nr, wide);
+    if (tail && group_vectors(tail) == 4) group_m1(w, prow, row_bytes, a, full, tail, 4, acc, nr, wide);
+    else if (tail && group_vectors(tail) == 2) group_m1(w, prow, row_bytes, a, full, tail, 2, acc, nr, wide);
+    else if (tail) group_m1(w, prow, row_bytes, a, full, tail, 8, acc, nr, wide);
     for (int r = 0; r < nr; r++) store_out(y + n + r, acc[r], accumulate);
 }
 
+/* group g (nt blocks, nv vectors) of nr packed weight rows against activation rows [i0, i1) into acc: the group
+ * unpacked once, each activation vector loaded once for the nr rows */
+__attribute__((always_inline)) T_VNNI static inline void group_rows(const hr_qtensor *w, const uint8_t *prow,
+                                                                   int64_t rb, const hr_qact *a, int64_t i0,
+                                                                   int64_t i1, int64_t g, int nt, const int nv,
+                                                                   __m256 (*acc)[HR_M_TILE], const int nr,
+                                                                   const int wide) {
+    const int64_t nb = w->cols / HR_QK, gb = 8 * block_bytes(w->fmt), ldq = HR_QT_STRIDE(w->cols);
+    const int q41 = w->fmt == HR_Q4_1;
+    const __mmask8 mask = (__mmask8)((1u << nt) - 1);
+    __m256i wa[2][8], wv[2][8], bias[2];
+    for (int r = 0; r < nr; r++) {
+        unpack_group(prow + r * rb + g * gb, w->fmt, nt, nv, wa[r], wv[r]);
+        if (wide) bias[r] = group_bias(wv[r], nv);
+    }
+    for (int64_t i = i0; i < i1; i++) {
+        const int8_t *x = a->qt + i * ldq + g * 8 * HR_QK;
+        __m256i s[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()},
+                           {_mm256_setzero_si256(), _mm256_setzero_si256()}};
+        for (int c = 0; c < nv && wide; c++) { /* s[r][0]: the high plane, s[r][1]: the low one */
+            const __m256i xh = _mm256_loadu_si256((const __m256i *)(x + c * HR_QK));
+            const __m256i xl = _mm256_loadu_si256((const __m256i *)(a->qtl + i * ldq + g * 8 * HR_QK + c * HR_QK));
+            for (int r = 0; r < nr; r++) {
+                s[r][0] = _mm256_dpbusd_epi32(s[r][0], xh, wv[r][c]);
+                s[r][1] = _mm256_dpbusd_epi32(s[r][1], xl, wv[r][c]);
+            }
+        }
+        for (int r = 0; r < nr && wide; r++) s[r][0] = _mm256_slli_epi32(_mm256_sub_epi32(s[r][0], bias[r]), 8);
+        for (int c = 0; c < nv && !wide; c++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + c * HR_QK));
+            for (int r = 0; r < nr; r++) {
+                const __m256i xs = q41 ? xv : _mm256_sign_epi8(xv, wv[r][c]);
+                s[r][c & 1] = _mm256_dpbusd_epi32(s[r][c & 1], wa[r][c], xs);
+            }
+        }
+        const __m256 dx = _mm256_maskz_loadu_ps(mask, a->d + i * nb + g * 8);
+        const __m256 sx = q41 ? _mm256_maskz_loadu_ps(mask, a->s + i * nb + g * 8) : _mm256_setzero_ps();
+        for (int r = 0; r < nr; r++)
+            acc[r][i - i0] = group_fma(acc[r][i - i0], prow + r * rb + g * gb, q41, nt,
+                                       fold_tail(_mm256_add_epi32(s[r][0], s[r][1]), nv), dx, sx);
+    }
+}
+
 /* y[i, n .. n + nr - 1] for nr packed weight rows (rb bytes apart) and every activation row i (transposed q8 values in
- * a->qt): each group unpacked once for up to HR_M_TILE rows, each activation vector loaded once for the nr rows */
+ * a->qt, or with `wide` 16-bit planes in a->qt / a->qtl), HR_M_TILE activation rows at a time */
 __attribute__((always_inline)) T_VNNI static inline void rows_packed(const hr_qtensor *w, const uint8_t *prow,
                                                                     int64_t rb, const hr_qact *a, float *y,
                                                                     int64_t ldy, int64_t n, int accumulate,
-                                                                    const int nr) {
-    const int64_t k = w->cols, nb = k / HR_QK, gb = 8 * block_bytes(w->fmt), ldq = HR_QT_STRIDE(k);
-    const int q41 = w->fmt == HR_Q4_1;
+                                                                    const int nr, const int wide) {
+    const int64_t nb = w->cols / HR_QK;
     for (int64_t i0 = 0; i0 < a->m; i0 += HR_M_TILE) {
         const int64_t i1 = i0 + HR_M_TILE < a->m ? i0 + HR_M_TILE : a->m;
         __m256 acc[2][HR_M_TILE];
         for (int r = 0; r < nr; r++)
             for (int64_t i = i0; i < i1; i++) acc[r][i - i0] = _mm256_setzero_ps();
-        for (int64_t g = 0; g * 8 < nb; g++) {
-            const int nt = nb - g * 8 >= 8 ? 8 : (int)(nb - g * 8);
-            const __mmask8 mask = (__mmask8)((1u << nt) - 1);
-            __m256i wa[2][8], wv[2][8];
-            for (int r = 0; r < nr; r++) unpack_group(prow + r * rb + g * gb, w->fmt, nt, wa[r], wv[r]);
-            for (int64_t i = i0; i < i1; i++) {
-                const int8_t *x = a->qt + i * ldq + g * 8 * HR_QK;
-                __m256i s[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()},
-                                   {_mm256_setzero_si256(), _mm256_setzero_si256()}};
-                for (int c = 0; c < 8; c++) {
-                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + c * HR_QK));
-                    for (int r = 0; r < nr; r++) {
-                        const __m256i xs = q41 ? xv : _mm256_sign_epi8(xv, wv[r][c]);
-                        s[r][c & 1] = _mm256_dpbusd_epi32(s[r][c & 1], wa[r][c], xs);
-                    }
-                }
-                const __m256 dx = _mm256_maskz_loadu_ps(mask, a->d + i * nb + g * 8);
-                const __m256 sx = q41 ? _mm256_maskz_loadu_ps(mask, a->s + i * nb + g * 8) : _mm256_setzero_ps();
-                for (int r = 0; r < nr; r++)
-                    acc[r][i - i0] = group_fma(acc[r][i - i0], prow + r * rb + g * gb, q41, nt,
-                                               _mm256_add_epi32(s[r][0], s[r][1]), dx, sx);
-            }
-        }
+        const int64_t full = nb / 8;
+        const int tail = (int)(nb % 8);
+        for (int64_t g = 0; g < full; g++) group_rows(w, prow, rb, a, i0, i1, g, 8, 8, acc, nr, wide);
+        if (tail && group_vectors(tail) == 4) group_rows(w, prow, rb, a, i0, i1, full, tail, 4, acc, nr, wide);
+        else if (tail && group_vectors(tail) == 2) group_rows(w, prow, rb, a, i0, i1, full, tail, 2, acc, nr, wide);
+        else if (tail) group_rows(w, prow, rb, a, i0, i1, full, tail, 8, acc, nr, wide);
         for (int r = 0; r < nr; r++)
             for (int64_t i = i0; i < i1; i++) store_out(y + i * ldy + n + r, acc[r][i - i0], accumulate);
     }
 }
 
-T_VNNI static void gemm_packed_vnni(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate,
-                                    int64_t n0, int64_t n1) {
+/* rows [n0, n1); wide: 16-bit activations (the planes a->qt / a->qtl), else 8-bit (a->qt) */
+__attribute__((always_inline)) T_VNNI static inline void gemm_packed(const hr_qtensor *w, const hr_qact *a, float *y,
+                                                                    int64_t ldy, int accumulate, int64_t n0,
+                                                                    int64_t n1, const int wide) {
     const int64_t row = hr_packed_bytes(w->fmt, 1, w->cols);
     if (a->m == 1) {
         int64_t n = n0;
-        for (; n + 4 <= n1; n += 4) rows_packed_m1(w, w->packed + n * row, row, a, y, n, accumulate, 4);
-        for (; n < n1; n++) rows_packed_m1(w, w->packed + n * row, row, a, y, n, accumulate, 1);
+        for (; n + 4 <= n1; n += 4) rows_packed_m1(w, w->packed + n * row, row, a, y, n, accumulate, 4, wide);
+        for (; n < n1; n++) rows_packed_m1(w, w->packed + n * row, row, a, y, n, accumulate, 1, wide);
         return;
     }
     int64_t n = n0;
-    if (w->fmt == HR_Q4_1) /* two rows' unsigned weights fit the registers (signed formats keep wv too) */
-        for (; n + 2 <= n1; n += 2) rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, 2);
-    for (; n < n1; n++) rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, 1);
+    /* two rows' weights fit the registers when they are unsigned (Q4_1; signed formats keep wv too) or wide (wv only) */
+    if (w->fmt == HR_Q4_1 || wide)
+        for (; n + 2 <= n1; n += 2) rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, 2, wide);
+    for (; n < n1; n++) rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, 1, wide);
+}
+
+T_VNNI static void gemm_packed_vnni(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate,
+                                    int64_t n0, int64_t n1) {
+    if (a->q16) gemm_packed(w, a, y, ldy, accumulate, n0, n1, 1);
+    else gemm_packed(w, a, y, ldy, accumulate, n0, n1, 0);
 }
 #endif
 

@@ -56,13 +56,14 @@ static inline void block_scales_q(float amax, float qmax, float *id, float *db) 
     *db = *id > 0.0f ? amax / qmax : 0.0f;
 }
 
-static inline void block_scales(float amax, float *id, float *db) { block_scales_q(amax, 127.0f, id, db); }
 
 #if HR_X86
-/* hr_quantize_rows for finite x with AVX2: the same ops (max is exact, vroundps = rint) */
-T_AVX2 static void quantize_rows_avx2(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s) {
+/* hr_quantize_rows (q8 != NULL) or hr_quantize_rows16 (q16) for finite x with AVX2: the same ops (max is exact,
+ * vroundps = rint) */
+T_AVX2 static void quantize_rows_avx2(const float *x, int64_t m, int64_t k, float qmax, int8_t *q, int16_t *q16,
+                                      float *d, float *s) {
     const int64_t nb = k / HR_QK;
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), lim = _mm256_set1_ps(127.0f);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), lim = _mm256_set1_ps(qmax);
     for (int64_t i = 0; i < m; i++)
         for (int64_t b = 0; b < nb; b++) {
             const float *xb = x + i * k + b * HR_QK;
@@ -72,7 +73,7 @@ T_AVX2 static void quantize_rows_avx2(const float *x, int64_t m, int64_t k, int8
             h = _mm_max_ps(h, _mm_movehl_ps(h, h));
             h = _mm_max_ss(h, _mm_movehdup_ps(h));
             float id, db;
-            block_scales(_mm_cvtss_f32(h), &id, &db);
+            block_scales_q(_mm_cvtss_f32(h), qmax, &id, &db);
             __m256i r[4], sum = _mm256_setzero_si256();
             for (int j = 0; j < 4; j++) {
                 __m256 t = _mm256_round_ps(_mm256_mul_ps(v[j], _mm256_set1_ps(id)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -80,9 +81,15 @@ T_AVX2 static void quantize_rows_avx2(const float *x, int64_t m, int64_t k, int8
                 r[j] = _mm256_cvtps_epi32(t);
                 sum = _mm256_add_epi32(sum, r[j]);
             }
-            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
-            _mm256_storeu_si256((__m256i *)(q + i * k + b * HR_QK),
-                                _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            const __m256i w0 = _mm256_packs_epi32(r[0], r[1]), w1 = _mm256_packs_epi32(r[2], r[3]);
+            if (q16) {
+                _mm256_storeu_si256((__m256i *)(q16 + i * k + b * HR_QK), _mm256_permute4x64_epi64(w0, 0xD8));
+                _mm256_storeu_si256((__m256i *)(q16 + i * k + b * HR_QK + 16), _mm256_permute4x64_epi64(w1, 0xD8));
+            } else {
+                _mm256_storeu_si256((__m256i *)(q + i * k + b * HR_QK),
+                                    _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w0, w1),
+                                                                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            }
             __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
             t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
             t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
@@ -94,13 +101,19 @@ T_AVX2 static void quantize_rows_avx2(const float *x, int64_t m, int64_t k, int8
 
 #if HR_X86
 /* qt = q with every group of 8 blocks transposed (transpose8), rows HR_QT_STRIDE(k) apart; the tail group is
- * padded with zero blocks */
+ * padded with zero blocks, or compact (HR_COMPACT_TAIL: chunk c of block l at 4 * nt * c + 4 * l) */
 T_AVX2 static void transpose_groups(const int8_t *q, int8_t *qt, int64_t m, int64_t k) {
     const int64_t nb = k / HR_QK, groups = (nb + 7) / 8;
     for (int64_t i = 0; i < m; i++)
         for (int64_t g = 0; g < groups; g++) {
             const int8_t *src = q + i * k + g * 8 * HR_QK;
             int8_t *dst = qt + i * HR_QT_STRIDE(k) + g * 8 * HR_QK;
+            const int64_t nt = nb - g * 8 < 8 ? nb - g * 8 : 8;
+            if (HR_COMPACT_TAIL(nt)) {
+                for (int64_t c = 0; c < 8; c++)
+                    for (int64_t l = 0; l < nt; l++) memcpy(dst + 4 * nt * c + 4 * l, src + l * HR_QK + 4 * c, 4);
+                continue;
+            }
             __m256i r[8];
             for (int j = 0; j < 8; j++)
                 r[j] = g * 8 + j < nb ? _mm256_loadu_si256((const __m256i *)(src + j * HR_QK)) : _mm256_setzero_si256();
@@ -110,11 +123,28 @@ T_AVX2 static void transpose_groups(const int8_t *q, int8_t *qt, int64_t m, int6
 }
 #endif
 
+void hr_split16_planes(const int16_t *q16, int64_t m, int64_t k, int8_t *qth, int8_t *qtl) {
+#if HR_X86
+    int8_t hi[HR_MAX_COLS], lo[HR_MAX_COLS];
+    for (int64_t i = 0; i < m; i++) {
+        const int16_t *q = q16 + i * k;
+        for (int64_t j = 0; j < k; j++) {
+            const int32_t v = q[j] + 32768; /* [1, 65535]: hi = v >> 8 = (q >> 8) + 128, lo = q & 255 */
+            hi[j] = (int8_t)(uint8_t)(v >> 8), lo[j] = (int8_t)(uint8_t)(v & 255);
+        }
+        transpose_groups(hi, qth + i * HR_QT_STRIDE(k), 1, k);
+        transpose_groups(lo, qtl + i * HR_QT_STRIDE(k), 1, k);
+    }
+#else
+    (void)q16, (void)m, (void)k, (void)qth, (void)qtl;
+#endif
+}
+
 void hr_quantize_rows_isa(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s, int8_t *qt,
                           int64_t isa) {
 #if HR_X86
     if (isa != HR_ISA_SCALAR) {
-        quantize_rows_avx2(x, m, k, q, d, s);
+        quantize_rows_avx2(x, m, k, 127.0f, q, NULL, d, s);
         if (qt && isa == HR_ISA_AVX512VNNI) transpose_groups(q, qt, m, k);
         return;
     }
@@ -166,6 +196,17 @@ void hr_quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *d,
 
 void hr_quantize_rows16(const float *x, int64_t m, int64_t k, int16_t *q, float *d, float *s) {
     quantize_rows_q(x, m, k, 32767.0f, NULL, q, d, s);
+}
+
+void hr_quantize_rows16_isa(const float *x, int64_t m, int64_t k, int16_t *q, float *d, float *s, int64_t isa) {
+#if HR_X86
+    if (isa != HR_ISA_SCALAR) {
+        quantize_rows_avx2(x, m, k, 32767.0f, NULL, q, d, s);
+        return;
+    }
+#endif
+    (void)isa;
+    hr_quantize_rows16(x, m, k, q, d, s);
 }
 
 /* Checks shared by the exported entry points: 0 ok, -2 bad weight / width / path. */

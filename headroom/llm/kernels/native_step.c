@@ -26,6 +26,9 @@
  * rows and waiting at a barrier, which halves the step's barriers (each a futex wake-up under OMP_WAIT_POLICY=passive).
  * The ops per row are the same either way, so the bits are too. */
 #define HR_PRIVATE_ROWS 8
+/* down_proj's input bits: 16 (the packed 16-bit kernel; whole-corpus gate 97.40% top-1, +0.135% ppl) or 32 (fp32,
+ * not quantised: 97.59%, +0.12%, ~3x slower at batch 1); docs/native_kernels.md, the quality section */
+#define HR_DOWN_BITS 16
 
 int hr_has_avx2(void);
 
@@ -56,11 +59,10 @@ static void rms_norm(const float *x, int64_t n, const float *w, float eps, float
 }
 
 /* where a step's activations are quantised (q8 values, the VNNI path's transposed copy, 16-bit values, block
- * scales and sums). Inputs are 8-bit except down_proj's (fp32: SiLU * up has outliers that even 16-bit blocks
- * blur) and the lm_head's (16-bit): 8 bits there cost the quality gate its top-1 agreement
- * (docs/native_kernels.md). */
+ * scales and sums). Inputs are 8-bit except down_proj's and the lm_head's (16-bit, HR_DOWN_BITS): 8 bits there
+ * cost the quality gate its top-1 agreement (docs/native_kernels.md). */
 typedef struct {
-    int8_t *q, *qt;
+    int8_t *q, *qt, *qtl; /* qtl: the low plane of 16-bit values on the VNNI path (qt then holds the high one) */
     int16_t *q16;
     float *d, *s;
     int priv; /* this thread's own copy (every row done here, no barrier) or shared (rows split over the team) */
@@ -69,14 +71,17 @@ typedef struct {
 /* bits: 8, 16 or 32 (fp32, not quantised) */
 static void bind(hr_qact *a, const float *x, int64_t m, int64_t k, const act_bufs *b, int bits) {
     a->x = x, a->q = bits == 32 ? NULL : b->q, a->qt = b->qt, a->q16 = bits == 16 ? b->q16 : NULL;
-    a->d = b->d, a->s = b->s, a->m = m, a->k = k;
+    a->d = b->d, a->s = b->s, a->m = m, a->k = k, a->qtl = bits == 16 ? b->qtl : NULL;
 }
 
 static void quantize_row_t(const float *x, int64_t t, int64_t k, const act_bufs *b, int64_t isa, int bits) {
     const int64_t nb = k / HR_QK;
     if (bits == 32) return;
-    if (bits == 16) hr_quantize_rows16(x + t * k, 1, k, b->q16 + t * k, b->d + t * nb, b->s + t * nb);
-    else hr_quantize_rows_isa(x + t * k, 1, k, b->q + t * k, b->d + t * nb, b->s + t * nb, b->qt + t * HR_QT_STRIDE(k), isa);
+    if (bits == 16) {
+        hr_quantize_rows16_isa(x + t * k, 1, k, b->q16 + t * k, b->d + t * nb, b->s + t * nb, isa);
+        if (isa == HR_ISA_AVX512VNNI) /* the packed kernel's two byte planes */
+            hr_split16_planes(b->q16 + t * k, 1, k, b->qt + t * HR_QT_STRIDE(k), b->qtl + t * HR_QT_STRIDE(k));
+    } else hr_quantize_rows_isa(x + t * k, 1, k, b->q + t * k, b->d + t * nb, b->s + t * nb, b->qt + t * HR_QT_STRIDE(k), isa);
 }
 
 /* rows of src [T, k] -> an activation: every row on this thread (b->priv), else split over the team (implicit
@@ -134,18 +139,24 @@ static void silu_mul(float *out, const float *g, const float *u, int64_t n, int6
     for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-/* silu(g) * u over g's rows (down_proj's fp32 input): into this thread's own rows `mine` (b->priv), else in place
- * over g, rows split over the team */
+/* silu(g) * u over g's rows (down_proj's input), quantised to `bits` (16 or 32 = fp32 kept): into this thread's own
+ * rows `mine` (b->priv), else in place over g, rows split over the team */
 static void silu_quantize_team(float *g, const float *u, float *mine, int64_t T, int64_t k, hr_qact *a,
-                               const act_bufs *b, int64_t isa) {
+                               const act_bufs *b, int64_t isa, int bits) {
+    float *dst = b->priv ? mine : g;
+    bind(a, dst, T, k, b, bits);
     if (b->priv) {
-        bind(a, mine, T, k, b, 32);
-        for (int64_t t = 0; t < T; t++) silu_mul(mine + t * k, g + t * k, u + t * k, k, isa);
+        for (int64_t t = 0; t < T; t++) {
+            silu_mul(mine + t * k, g + t * k, u + t * k, k, isa);
+            quantize_row_t(mine, t, k, b, isa, bits);
+        }
         return;
     }
-    bind(a, g, T, k, b, 32);
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; t++) silu_mul(g + t * k, g + t * k, u + t * k, k, isa);
+    for (int64_t t = 0; t < T; t++) {
+        silu_mul(g + t * k, g + t * k, u + t * k, k, isa);
+        quantize_row_t(g, t, k, b, isa, bits);
+    }
 }
 
 /* token t's heads of K/V group kh: the biases, RoPE of its q heads into qr and of its k head into the cache at `slot`,
@@ -208,9 +219,10 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
     int64_t *slot = malloc((size_t)T * sizeof(int64_t));
     unsigned char *seen = calloc((size_t)num_seqs, 1);
     int8_t *q8 = malloc((size_t)(copies * aw)), *q8t = malloc((size_t)(copies * qtw));
+    int8_t *q8tl = malloc((size_t)(copies * qtw));
     int16_t *q16 = malloc((size_t)(copies * aw) * sizeof(int16_t));
     int rc = 0;
-    if (!h || !xn || !qb || !kb || !vb || !qr || !g || !u || !d || !s || !slot || !seen || !q8 || !q8t || !q16) {
+    if (!h || !xn || !qb || !kb || !vb || !qr || !g || !u || !d || !s || !slot || !seen || !q8 || !q8t || !q8tl || !q16) {
         rc = -1;
         goto done;
     }
@@ -235,7 +247,8 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
     {
         hr_qact a;
         const int64_t c = priv ? omp_get_thread_num() : 0; /* this thread's copy of the activation buffers */
-        const act_bufs bufs = {q8 + c * aw, q8t + c * qtw, q16 + c * aw, d + c * nbw, s + c * nbw, priv};
+        const act_bufs bufs = {q8 + c * aw,  q8t + c * qtw, q8tl + c * qtw, q16 + c * aw,
+                               d + c * nbw, s + c * nbw,   priv};
         float *xs = xn + c * aw;
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) hr_dequantize_row(&m->embed, ids[t], h + t * H);
@@ -267,7 +280,7 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
             hr_gemm_team(&ly->gate, &a, g, I, 0, isa);
             hr_gemm_team(&ly->up, &a, u, I, 0, isa);
 #pragma omp barrier
-            silu_quantize_team(g, u, xs, T, I, &a, &bufs, isa);
+            silu_quantize_team(g, u, xs, T, I, &a, &bufs, isa, HR_DOWN_BITS);
             hr_gemm_team(&ly->down, &a, h, H, 1, isa);
 #pragma omp master
             if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE)) __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
@@ -282,6 +295,6 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
     if (stop) rc = -3;
 done:
     free(h), free(xn), free(qb), free(kb), free(vb), free(qr), free(g), free(u), free(d), free(s);
-    free(slot), free(seen), free(q8), free(q8t), free(q16);
+    free(slot), free(seen), free(q8), free(q8t), free(q8tl), free(q16);
     return rc;
 }

@@ -10,8 +10,10 @@ import pytest
 from headroom.llm import quant_blocks as qb
 from headroom.llm.kernels.native_gemm import ISA_ENV, native_gemm, pack_tensor, resolve_isa, supported_isas
 
-# (M, N, K): ragged M and N (M past the 64-row tile), K with a block tail (K/32 not a multiple of 8)
-SHAPES = [(1, 1, 32), (1, 9, 96), (3, 17, 96), (5, 33, 288), (8, 40, 576), (33, 7, 1056), (2, 19, 40), (70, 9, 288)]
+# (M, N, K): ragged M and N (M past the 64-row tile), K with a block tail (K/32 not a multiple of 8: tails of 1, 3
+# blocks and the compact ones of 2 and 4)
+SHAPES = [(1, 1, 32), (1, 9, 96), (3, 17, 96), (5, 33, 288), (8, 40, 576), (33, 7, 1056), (2, 19, 40), (70, 9, 288),
+          (1, 6, 64), (1, 7, 384), (4, 11, 384), (3, 5, 128)]  # fmt: skip
 
 
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "gguf-layout"])
@@ -28,6 +30,26 @@ def test_every_path_is_bit_exact(lib: ctypes.CDLL, isa: str, fmt: str, act_bits:
         want = qb.reference_matmul(fmt, w.data, n, k, x, act_bits)
         got = native_gemm(lib, w, x, isa, num_threads=2, act_bits=act_bits, pack=pack)
         np.testing.assert_array_equal(got, want, err_msg=f"{fmt} {isa} {act_bits}-bit M={m} N={n} K={k} {pack=}")
+
+
+@pytest.mark.parametrize("act_bits", [8, 16])
+def test_extreme_integers_are_exact(lib: ctypes.CDLL, isa: str, act_bits: int) -> None:
+    """Q8_0 weights of -128 (a foreign file's; our quantiser stops at -127) and activation blocks whose most negative
+    value sets the scale (q = -qmax: the 16-bit planes' high byte is then -128), on every layout."""
+    rng = np.random.default_rng(11)
+    n, k = 12, 288
+    raw = qb.quantize_weights("Q8_0", rng.standard_normal((n, k)).astype(np.float32)).reshape(n, k // 32, 34)
+    ints = rng.integers(-128, 128, size=(n, k // 32, 32)).astype(np.int8)
+    ints[:, :, 0] = -128
+    raw[:, :, 2:] = ints.view(np.uint8)
+    w = qb.QTensor("Q8_0", n, k, np.ascontiguousarray(raw).reshape(-1))
+    x = rng.uniform(0.0, 1.0, size=(5, k)).astype(np.float32)
+    x[:, ::32] = -3.0  # each block's amax, negative
+    want = qb.reference_matmul("Q8_0", w.data, n, k, x, act_bits)
+    for pack in (True, False):
+        got = native_gemm(lib, w, x, isa, num_threads=1, act_bits=act_bits, pack=pack)
+        np.testing.assert_array_equal(got, want, err_msg=f"{isa} {act_bits}-bit {pack=}")
+        np.testing.assert_array_equal(native_gemm(lib, w, x[2:3], isa, act_bits=act_bits, pack=pack), want[2:3])
 
 
 def test_rows_independent_of_batch_and_threads(lib: ctypes.CDLL, isa: str) -> None:
