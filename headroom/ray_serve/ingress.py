@@ -22,7 +22,6 @@ import asyncio
 import itertools
 import logging
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from headroom.core.deadline import client_timeout_ms, shorter
+from headroom.core.deadline import client_timeout_ms
 from headroom.core.errors import DeadlineExceeded, HeadroomError, ModelNotFound, NotReady, Overloaded
 from headroom.core.server_timing import server_timing_header
 from headroom.core.types import InferenceRequest
@@ -123,9 +122,8 @@ class HttpIngress:
         body = await read_body(request, self.spec.max_body_bytes)
         header_length = parse_header_length(request.headers.get("inference-header-content-length"))
         request_id = request.headers.get("x-request-id") or f"serve-req-{next(self._ids)}"
-        decoded = decode_infer_request(body, header_length, model, version, request_id, config)
-        if timeout_ms is not None:
-            decoded = replace(decoded, timeout_ms=shorter(decoded.timeout_ms, timeout_ms))
+        decoded = decode_infer_request(body, header_length, model, version, request_id, config,
+                                       header_timeout_ms=timeout_ms)
         key = request_key(self.spec.router, request.headers, body, self.spec.affinity_header)
         timeout_s = (decoded.timeout_ms or config.batching.default_timeout_ms) / 1e3 + self.spec.load_allowance_s
         answer = await self.call_replica(decoded, key, timeout_s)
