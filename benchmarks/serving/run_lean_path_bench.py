@@ -145,12 +145,13 @@ def main() -> None:
     parser.add_argument("--cpu-rate", type=float, default=150.0, help="open-loop rate of the CPU probe (req/s)")
     parser.add_argument("--slo-p99-ms", type=float, default=100.0)
     parser.add_argument("--max-probes", type=int, default=4)
-    parser.add_argument("--high-rate", type=float, default=400.0, help="round 1's first sweep probe (req/s)")
+    parser.add_argument("--high-rate", type=float, default=300.0, help="round 1's first sweep probe (req/s)")
     parser.add_argument("--base-ref", default="", help="also run headroom at this git commit (before/after)")
     parser.add_argument("--triton-script", type=Path, default=ROOT.parent / "shared" / "peers" / "triton_serve.sh")
     parser.add_argument("--triton-venv", type=Path, default=Path(tempfile.gettempdir()) / "triton-venv")
     parser.add_argument("--no-triton", action="store_true")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--note", default="", help="recorded in the JSON (e.g. 'shared machine: indicative')")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="headroom-lean-"))
     repo = rsb.minilm_repo(tmp, rsb.shipped_max_batch_size())
@@ -221,6 +222,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {**start_machine, "load_average_end": os.getloadavg(),
                     "note": "servers and load generator share the machine's cores; rounds interleave targets"},
+        "note": args.note or None,
         "slo_p99_ms": args.slo_p99_ms, "probe_s": args.probe_s, "cpu_rate_per_s": args.cpu_rate, "rounds": args.rounds,
         "base_ref": args.base_ref or None, "summary": summary, "model_alone_batch8_sentences_per_s": model_sps,
         "ratios": ratios, "valid_qps_runs": valid, "cpu_runs": cpu, "model_alone_runs": alone,
