@@ -153,6 +153,8 @@ def main() -> None:
     parser.add_argument("--tag", default="")
     parser.add_argument("--note", default="", help="recorded in the JSON (e.g. 'shared machine: indicative')")
     args = parser.parse_args()
+    if not args.no_triton and not args.triton_script.is_file():
+        raise SystemExit(f"{args.triton_script} not found: pass --triton-script (or --no-triton)")
     tmp = Path(tempfile.mkdtemp(prefix="headroom-lean-"))
     repo = rsb.minilm_repo(tmp, rsb.shipped_max_batch_size())
     here = str(ROOT)
@@ -168,8 +170,6 @@ def main() -> None:
         port = rsb.free_port()
         targets["headroom_base"] = (headroom_cmd(repo, port), f"http://127.0.0.1:{port}", str(base))
     if not args.no_triton:
-        if not args.triton_script.is_file():
-            raise SystemExit(f"{args.triton_script} not found: pass --triton-script (or --no-triton)")
         port = rsb.free_port()
         targets["triton"] = (triton_cmd(args.triton_script, args.triton_venv, port), f"http://127.0.0.1:{port}", here)
     start_machine = rsb.machine()
