@@ -235,7 +235,8 @@ class Batcher:
                 continue
             timeout_s = max(0.0, wake_at_s - self._clock.now_s())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout=timeout_s)
+                async with asyncio.timeout(timeout_s):  # not wait_for: no task per sleep
+                    await self._wakeup.wait()
 
     def _step(self) -> float | None:
         """Dispatch as many batches as free instances allow; return when to look again."""

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from headroom.core.errors import InvalidRequest
 
 TIMEOUT_HEADER = "X-Request-Timeout-Ms"
+_TIMEOUT_HEADER_LOWER = TIMEOUT_HEADER.lower()
 
 
 def parse_timeout_ms(raw: str | None) -> float | None:
@@ -29,10 +30,11 @@ def parse_timeout_ms(raw: str | None) -> float | None:
 
 
 def client_timeout_ms(headers: Mapping[str, str]) -> float | None:
-    """`X-Request-Timeout-Ms` from a request's headers (Starlette's are case-insensitive; so is this)."""
+    """`X-Request-Timeout-Ms` from a request's headers: a case-insensitive mapping (Starlette's), or one keyed
+    by the canonical or the lower-case name (gRPC metadata). No scan of every header: this runs per request."""
     raw = headers.get(TIMEOUT_HEADER)
     if raw is None:
-        raw = next((v for k, v in headers.items() if k.lower() == TIMEOUT_HEADER.lower()), None)
+        raw = headers.get(_TIMEOUT_HEADER_LOWER)
     return parse_timeout_ms(raw)
 
 

@@ -101,8 +101,19 @@ def count_body_chunk(received_bytes: int, chunk: bytes, max_body_bytes: int) -> 
     return received_bytes
 
 
+#: The ASGI scope key under which the gateway leaves the body it has already read and checked, so that the
+#: handler does not read it a second time (`read_body` takes it from there).
+BODY_SCOPE_KEY = "headroom.body"
+
+
 async def read_body(request: Request, max_body_bytes: int) -> bytes:
-    """A Starlette request's body under the limit (`check_declared_length`, then `count_body_chunk`)."""
+    """A Starlette request's body under the limit (`check_declared_length`, then `count_body_chunk`).
+
+    Behind the gateway the body was already read once (`BODY_SCOPE_KEY`): it is only held to this limit."""
+    buffered = request.scope.get(BODY_SCOPE_KEY)
+    if isinstance(buffered, bytes):
+        count_body_chunk(0, buffered, max_body_bytes)
+        return buffered
     check_declared_length(request.headers.get("content-length"), max_body_bytes)
     chunks: list[bytes] = []
     received = 0
@@ -128,7 +139,7 @@ def check_json_shape(body: bytes, limits: InputLimits) -> None:
     if not limits.max_json_depth and not limits.max_json_string_bytes:
         return
     unescaped = _ESCAPE.sub(b"__", body)  # same length; `\"` no longer ends a string
-    if limits.max_json_string_bytes:
+    if limits.max_json_string_bytes and len(body) - 2 > limits.max_json_string_bytes:  # else none can be too long
         longest = max((len(m) for m in _STRING.findall(unescaped)), default=2) - 2
         if longest > limits.max_json_string_bytes:
             raise InvalidRequest(
@@ -136,6 +147,8 @@ def check_json_shape(body: bytes, limits: InputLimits) -> None:
             )
     if limits.max_json_depth:
         brackets = _STRING.sub(b"", unescaped).translate(None, _NOT_BRACKETS)
+        if brackets.count(b"[") + brackets.count(b"{") <= limits.max_json_depth:
+            return  # fewer openings than the limit: no walk needed (this runs on every JSON request)
         depth = deepest = 0
         for b in brackets:
             if b in (0x5B, 0x7B):  # [ {

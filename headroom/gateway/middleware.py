@@ -4,8 +4,9 @@ Per HTTP request, in order (each refusal is one JSON 4xx and the app is never ca
 
     headers (431) → path / model name (400) → API key (401) and role (403) → body: size (413), slow client
     (408 + connection closed), JSON depth / string length (400), OpenAI model name and LLM knobs (400)
-    → token buckets for the tenant (429 + Retry-After) → the app, with the body replayed and the
-    request id (and the ingress span's traceparent) in its headers.
+    → token buckets for the tenant (429 + Retry-After) → the app, with the body in the scope (the handlers'
+    `limits.read_body` takes it from there instead of reading it again; a replaying `receive` serves the
+    others) and the request id (and the ingress span's traceparent) in its headers.
 
 It wraps `send` only to note the status and add `X-Request-Id`, passing every message on at once, so
 streamed (SSE) responses stay streamed. Health probes and /metrics (configurable) skip auth and rate limits.
@@ -54,6 +55,7 @@ from headroom.gateway.context import RequestContext, bind_context, reset_context
 from headroom.gateway.errors import RequestTimeout
 from headroom.gateway.forwarded_tenant import TENANT_HEADER, claimed_tenant
 from headroom.gateway.limits import (
+    BODY_SCOPE_KEY,
     EMBEDDING_PATHS,
     InputLimits,
     TokenEstimate,
@@ -230,6 +232,8 @@ class GatewayMiddleware:
             state.update(scope.get("state", {}))
             state.update({"tenant": tenant, "key_id": key_id, "request_id": request_id, "received_s": started_s})
             inner_scope = {**scope, "headers": headers, "state": state}
+            if body is not None:  # read once: `limits.read_body` takes it from here (others get the replay)
+                inner_scope[BODY_SCOPE_KEY] = body
             try:
                 await self.app(
                     inner_scope,

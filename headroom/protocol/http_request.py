@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from headroom.core.deadline import shorter
 from headroom.core.errors import InvalidRequest
 from headroom.core.types import V2_TO_NUMPY, InferenceRequest, RequestedOutput, Tensor
 from headroom.models.config import ModelConfig
@@ -129,6 +130,9 @@ def decode_infer_request(
     model_version: str,
     request_id_hint: str,
     config: ModelConfig | None = None,
+    *,
+    header_timeout_ms: float | None = None,
+    received_s: float | None = None,
 ) -> InferenceRequest:
     """Body of `POST /v2/models/{model_name}[/versions/{model_version}]/infer` -> InferenceRequest.
 
@@ -136,6 +140,8 @@ def decode_infer_request(
     `request_id_hint` becomes the id when the body has none; `config`, when given, is the model's: each
     input's name, datatype and shape are checked against it before its data is decoded. Costs O(body): no
     allocation follows from a declared shape alone. Raises InvalidRequest saying what is wrong.
+    `header_timeout_ms` (the `X-Request-Timeout-Ms` header) shortens the body's `timeout`; `received_s` is the
+    edge's arrival time (both are set here rather than by copying the request afterwards: this runs per request).
     """
     if header_length is None:
         header, binary = body, memoryview(b"")
@@ -191,6 +197,7 @@ def decode_infer_request(
         outputs=tuple(outputs),
         parameters=params,
         priority=priority,
-        timeout_ms=timeout_ms,
+        timeout_ms=shorter(timeout_ms, header_timeout_ms),
         binary_output_default=binary_default,
+        received_s=received_s,
     )

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from headroom.core.deadline import client_timeout_ms, shorter
+from headroom.core.deadline import client_timeout_ms
 from headroom.core.errors import HeadroomError, ModelNotFound
 from headroom.core.server_timing import server_timing_header
 from headroom.core.types import InferenceRequest
@@ -132,9 +131,8 @@ class HttpIngress(GrpcIngress):
         body = await read_body(request, self.spec.max_body_bytes)
         header_length = parse_header_length(request.headers.get("inference-header-content-length"))
         request_id = request.headers.get("x-request-id") or self._request_id()
-        decoded = decode_infer_request(body, header_length, model, version, request_id, config)
-        if timeout_ms is not None:
-            decoded = replace(decoded, timeout_ms=shorter(decoded.timeout_ms, timeout_ms))
+        decoded = decode_infer_request(body, header_length, model, version, request_id, config,
+                                       header_timeout_ms=timeout_ms)
         key = request_key(self.spec.router, request.headers, body, self.spec.affinity_header)
         timeout_s = (decoded.timeout_ms or config.batching.default_timeout_ms) / 1e3 + self.spec.load_allowance_s
         answer = await self.call_replica(decoded, key, timeout_s)

@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
@@ -24,7 +24,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from headroom.core.dataplane import ModelMetadata
-from headroom.core.deadline import client_timeout_ms, shorter
+from headroom.core.deadline import client_timeout_ms
 from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound
 from headroom.core.server_timing import server_timing_header
 from headroom.core.types import InferenceRequest, Tensor
@@ -150,13 +150,11 @@ class HttpApi:
         except ValueError:
             raise InvalidRequest("Inference-Header-Content-Length must be an integer") from None
         decoded = decode_infer_request(body, header_length, p["model"], p.get("version", ""), request_id,
-                                       served.config)
-        decoded = replace(decoded, timeout_ms=shorter(decoded.timeout_ms, timeout_ms), received_s=received_s(request))
+                                       served.config, header_timeout_ms=timeout_ms, received_s=received_s(request))
         response = await self.dp.infer(decoded, disconnect_watcher(request))
         payload, headers = encode_infer_response(response, binary_default=decoded.binary_output_default,
                                                  labels=self.dp.labels(response.model_name, response.model_version))
-        headers["Server-Timing"] = server_timing_header(response.timings)
-        return Response(payload, headers=headers)
+        return Response(payload, headers=headers)  # Server-Timing included
 
     async def classify_image(self, request: Request) -> Response:
         """`POST /v2/models/{m}/classify?top_k=3&min_confidence=0.5` with a PNG/JPEG body (listing 1)."""
@@ -224,7 +222,10 @@ class HttpApi:
 
     def routes(self) -> list[BaseRoute]:
         r = Route
-        return [
+        return [  # Starlette tries routes in order: the inference routes first, so they match at the first try
+            r("/v2/models/{model}/infer", self.infer, methods=["POST"]),
+            r("/v2/models/{model}/versions/{version}/infer", self.infer, methods=["POST"]),
+            r("/v1/embeddings", self.embeddings, methods=["POST"]),
             r("/v2", self.server_metadata, methods=["GET"]),
             r("/v2/health/live", self.live, methods=["GET"]),
             r("/v2/health/ready", self.ready, methods=["GET"]),
@@ -233,14 +234,11 @@ class HttpApi:
             r("/v2/models/{model}/stats", self.stats, methods=["GET"]),
             r("/v2/models/{model}/versions/{version}/stats", self.stats, methods=["GET"]),
             r("/v2/models/{model}/ready", self.model_ready, methods=["GET"]),
-            r("/v2/models/{model}/infer", self.infer, methods=["POST"]),
             r("/v2/models/{model}/classify", self.classify_image, methods=["POST"]),
             r("/v2/models/{model}/versions/{version}", self.model_metadata, methods=["GET"]),
             r("/v2/models/{model}/versions/{version}/classify", self.classify_image, methods=["POST"]),
             r("/v2/models/{model}/versions/{version}/ready", self.model_ready, methods=["GET"]),
-            r("/v2/models/{model}/versions/{version}/infer", self.infer, methods=["POST"]),
             *self.triton.routes(),
-            r("/v1/embeddings", self.embeddings, methods=["POST"]),
             r("/v1/models", self.models, methods=["GET"]),
             r("/metrics", self.metrics, methods=["GET"]),
             r("/openapi.json", self.openapi, methods=["GET"]),

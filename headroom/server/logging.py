@@ -34,3 +34,7 @@ def configure_logging(level: str = "info", access_log: bool = True) -> None:
     root.setLevel(level.upper())
     root.propagate = False
     logging.getLogger("headroom.access").setLevel(logging.INFO if access_log else logging.WARNING)
+    # These JSON lines carry no source location, thread or process: do not compute them for every record (the
+    # access lines are per request). The logging HOWTO's "Optimization" section names these switches.
+    logging._srcfile = None  # no stack walk (findCaller) per record
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False

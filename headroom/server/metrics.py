@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.types import StageTimings
 from headroom.server.duty_cycle import DutyCycleWindow
+from headroom.server.stage_histograms import StageHistograms
 from headroom.server.statistics import TritonStatistics
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
@@ -41,16 +42,15 @@ class ServerMetrics:
         self.registry = registry
         self.requests = Counter("headroom_requests", "Requests by outcome.", ["model", "version", "outcome"],
                                 registry=registry)
-
-        def hist(name: str, doc: str) -> Histogram:
-            return Histogram(name, doc, ["model"], buckets=LATENCY_BUCKETS_S, registry=registry)
-
-        self.queue_wait = hist("headroom_queue_wait_seconds", "Batch-queue wait after preprocessing.")
-        self.batch_wait = hist("headroom_batch_wait_seconds", "Admission to batch start.")
-        self.preprocess = hist("headroom_preprocess_seconds", "Per-request preprocessing.")
-        self.compute = hist("headroom_compute_seconds", "Batched model execution.")
-        self.postprocess = hist("headroom_postprocess_seconds", "Per-request postprocessing.")
-        self.e2e = hist("headroom_request_duration_seconds", "End-to-end time inside the server.")
+        # the six per-request stage histograms, observed together from the event loop (stage_histograms.py)
+        self.stages = StageHistograms((
+            ("headroom_queue_wait_seconds", "Batch-queue wait after preprocessing."),
+            ("headroom_batch_wait_seconds", "Admission to batch start."),
+            ("headroom_preprocess_seconds", "Per-request preprocessing."),
+            ("headroom_compute_seconds", "Batched model execution."),
+            ("headroom_postprocess_seconds", "Per-request postprocessing."),
+            ("headroom_request_duration_seconds", "End-to-end time inside the server."),
+        ), LATENCY_BUCKETS_S, registry)
         self.batch_size = Histogram("headroom_batch_size", "Items per executed batch.", ["model"],
                                     buckets=BATCH_BUCKETS, registry=registry)
         self.batch_requests = Histogram("headroom_batch_requests", "Requests per executed batch.", ["model"],
@@ -69,7 +69,6 @@ class ServerMetrics:
         self.cold_start = Gauge("headroom_cold_start_seconds", "Model cold-start stage durations.",
                                 ["model", "version", "stage"], registry=registry)
         self._counters: dict[tuple[str, str, str], Counter] = {}  # labelled `requests` children
-        self._stages: dict[str, tuple[Histogram, ...]] = {}  # per model: the six stage histograms' children
         self._duty: dict[str, DutyCycleWindow] = {}  # per model (its versions share it)
 
     def duty_window(self, model: str, instances: int, clock: Clock) -> DutyCycleWindow:
@@ -87,17 +86,9 @@ class ServerMetrics:
         counter.inc()
         if timings is None:
             return
-        stages = self._stages.get(model)
-        if stages is None:
-            stages = self._stages[model] = tuple(h.labels(model) for h in (
-                self.queue_wait, self.batch_wait, self.preprocess, self.compute, self.postprocess, self.e2e))
-        queue, batch_wait, preprocess, compute, postprocess, e2e = stages
-        queue.observe(timings.queue_ms / 1e3)
-        batch_wait.observe(timings.batch_wait_ms / 1e3)
-        preprocess.observe(timings.preprocess_ms / 1e3)
-        compute.observe(timings.compute_ms / 1e3)
-        postprocess.observe(timings.postprocess_ms / 1e3)
-        e2e.observe(timings.total_ms / 1e3)
+        t = timings
+        self.stages.observe(model, (t.queue_ms / 1e3, t.batch_wait_ms / 1e3, t.preprocess_ms / 1e3,
+                                    t.compute_ms / 1e3, t.postprocess_ms / 1e3, t.total_ms / 1e3))
 
 
 class ModelObserver:
@@ -113,6 +104,8 @@ class ModelObserver:
         self.inference_count = 0  # items executed (sum of batch sizes)
         self.compute_total_s = 0.0  # summed predict time
         self._depth: Gauge | None = None  # the queue-depth gauge's child for this model
+        self._batch: tuple[Histogram, Histogram, Gauge] | None = None  # batch size, requests, window children
+        self._busy: Counter | None = None  # the busy-seconds counter's child
         self.stats = TritonStatistics()  # the statistics extension's counters for this version
 
     def on_queue_depth(self, depth: int) -> None:
@@ -125,10 +118,17 @@ class ModelObserver:
         self.inference_count += batch_size
         self.compute_total_s += compute_s
         self.stats.on_batch(batch_size, compute_s)
-        self._m.batch_size.labels(self._model).observe(batch_size)
-        self._m.batch_requests.labels(self._model).observe(num_requests)
-        self._m.window.labels(self._model).set(window_s)
+        if self._batch is None:  # children looked up once, on first use (the series appear with the first batch)
+            m = self._m
+            self._batch = (m.batch_size.labels(self._model), m.batch_requests.labels(self._model),
+                           m.window.labels(self._model))
+        sizes, requests, window = self._batch
+        sizes.observe(batch_size)
+        requests.observe(num_requests)
+        window.set(window_s)
 
     def on_busy(self, busy_s: float) -> None:
         self._duty.add_busy(self._clock.now_s(), busy_s)
-        self._m.busy.labels(self._model).inc(busy_s)
+        if self._busy is None:
+            self._busy = self._m.busy.labels(self._model)
+        self._busy.inc(busy_s)
