@@ -162,8 +162,13 @@ class Pipeline:
             self.prefix.note_routed(decision.replica_id, blocks, now)
         return None if decision.replica_id is None else self.replicas[decision.replica_id]
 
-    def allow_retry(self) -> bool:
-        """Withdraw one retry from the budget; counts the retry or its denial."""
+    def allow_retry(self, after_outcome: str = "") -> bool:
+        """Withdraw one retry from the budget (free after an out-of-rotation outcome, see
+        `tail.OUT_OF_ROTATION`: a dead or draining replica's requests move to the others); counts the retry or
+        its denial."""
+        if after_outcome in tail.OUT_OF_ROTATION:
+            self.counters["retries"] += 1
+            return True
         allowed, self.retry_state = tail.budget_withdraw(self.retry_state, self.clock.now_s(),
                                                          self.config.retry_budget)
         self.counters["retries" if allowed else "retries_denied"] += 1
