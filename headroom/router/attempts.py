@@ -120,7 +120,7 @@ async def attempts(router: Router, out: Outgoing, key: RouteKey) -> HttpAttempt:
         rt = pipe.pick(key, tried, arm)
         if rt is None:
             break
-        if attempt_no > 0 and not pipe.allow_retry():
+        if attempt_no > 0 and not pipe.allow_retry(last.outcome if last is not None else ""):
             break
         tried.add(rt.upstream.replica_id)
         last = await race(router, HttpAttempt(rt, router.clock, arm=arm), out, key, tried)

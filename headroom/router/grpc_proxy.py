@@ -122,7 +122,7 @@ class GrpcProxy:
             rt = self._pick(tried, arm)
             if rt is None:
                 break
-            if attempt_no > 0 and not pipe.allow_retry():
+            if attempt_no > 0 and not pipe.allow_retry(last[0].outcome if last is not None else ""):
                 break
             tried.add(rt.upstream.replica_id)
             attempt = Attempt(rt, self.router.clock, arm=arm)

@@ -33,7 +33,7 @@ from headroom.router.policies import choose
 from headroom.router.prefix_index import PrefixIndex
 from headroom.router.probes import record_probes
 from headroom.router.request_keys import PrefixKey, RouteKey
-from headroom.router.shed import Admission, admit, vegas_initial, vegas_update
+from headroom.router.shed import Admission, ShedState, admit, vegas_initial, vegas_update
 from headroom.router.snapshot import ReplicaSnapshot, RouterState, routable
 from headroom.router.upstream import Attempt, ReplicaRuntime, Upstream
 
@@ -62,6 +62,7 @@ class Pipeline:
         self.hedge_state = config.hedge_budget.fresh(now)
         self.latencies = tail.LatencyWindow()
         self.vegas = vegas_initial(config.vegas)
+        self.shed_state = ShedState()  # RED's averaged utilisation
         self.inflight = 0  # admitted requests not yet answered (every transport)
         self.canary = CanaryTracker(config.canary_version, config.canary, now) if config.canary_version else None
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -93,7 +94,8 @@ class Pipeline:
         now = self.clock.now_s()
         self.counters["requests"] += 1
         a = admit(self.snapshots(), self.inflight, self.vegas, now, self.rng, c.shed, c.shedding,
-                  c.vegas if c.adaptive_concurrency else None)
+                  c.vegas if c.adaptive_concurrency else None, self.shed_state)
+        self.shed_state = a.shed.state
         if not a.admitted:
             self.counters[a.verdict] += 1
             return a
@@ -160,8 +162,13 @@ class Pipeline:
             self.prefix.note_decision(decision.reason, decision.replica_id, blocks, now)
         return None if decision.replica_id is None else self.replicas[decision.replica_id]
 
-    def allow_retry(self) -> bool:
-        """Withdraw one retry from the budget; counts the retry or its denial."""
+    def allow_retry(self, after_outcome: str = "") -> bool:
+        """Withdraw one retry from the budget (free after an out-of-rotation outcome, see
+        `tail.OUT_OF_ROTATION`: a dead or draining replica's requests move to the others); counts the retry or
+        its denial."""
+        if after_outcome in tail.OUT_OF_ROTATION:
+            self.counters["retries"] += 1
+            return True
         allowed, self.retry_state = tail.budget_withdraw(self.retry_state, self.clock.now_s(),
                                                          self.config.retry_budget)
         self.counters["retries" if allowed else "retries_denied"] += 1

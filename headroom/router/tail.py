@@ -9,6 +9,7 @@
   connection was reset before any answer reached the client; each retry spends a token, every request
   deposits `budget_fraction` (0.2) tokens, and a small floor of `min_retries_per_s` refills with time so a
   quiet router can still retry. Overload never turns into a retry storm: retries <= 20% of load + the floor.
+  Retries off a replica that left rotation (refused, draining: `OUT_OF_ROTATION`) are free.
 
 Admission (coordinated shedding, the adaptive concurrency limit) lives in `headroom.router.shed`.
 """
@@ -127,6 +128,13 @@ NEVER_STARTED = frozenset({"connect_error", "not_ready", "draining"})
 #: The connection was reset or closed before the response reached the client (a replica killed mid-request,
 #: a pooled keep-alive connection the replica had closed). The request may have run on that replica.
 LOST_BEFORE_RESPONSE = "connection_lost"
+#: Never-started outcomes that also take the replica out of rotation (`Pipeline.finish` marks it unready, and
+#: its readiness probe keeps failing): a dead replica (connection refused) or a draining one. Retrying them is
+#: not charged to the retry budget: the first attempt did no work on any replica, and only the requests already
+#: sent there before it left rotation can be retried this way, so it cannot grow into a retry storm (gRPC's
+#: transparent retries of RPCs that never reached the server application are not throttled either). A 503
+#: not_ready (loading) stays budgeted: it does not take the replica out of rotation.
+OUT_OF_ROTATION = frozenset({"connect_error", "draining"})
 #: Routes whose requests may run twice without harm: V2 tensor inference, embeddings, and the LLM routes
 #: (generation is retried only while no byte of the answer has reached the client).
 _REPLAYABLE_POST = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$|^/v1/(embeddings|completions|"

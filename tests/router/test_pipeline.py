@@ -72,3 +72,16 @@ def test_removed_replicas_lose_their_health_and_late_attempts_are_ignored() -> N
     pipe.finish(attempt)
     assert "a" not in pipe.health.replicas and set(pipe.replicas) == {"b"}
     assert pipe.health.get("b").consecutive_failures == 0
+
+
+def test_retries_off_a_dead_or_draining_replica_are_not_charged_to_the_budget() -> None:
+    """Every request sent to a replica before it died (refused) or started draining moves to the others, however
+    many there were; a not_ready (loading) or lost-connection retry still spends the budget."""
+    pipe = _pipeline(ProxyConfig(), "a", "b")
+    while pipe.allow_retry():  # empty the bucket
+        pass
+    denied = pipe.counters["retries_denied"]
+    assert all(pipe.allow_retry("connect_error") for _ in range(50))
+    assert all(pipe.allow_retry("draining") for _ in range(50))
+    assert not pipe.allow_retry("not_ready") and not pipe.allow_retry("connection_lost")
+    assert pipe.retry_state.tokens < 1.0 and pipe.counters["retries_denied"] == denied + 2

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from headroom.router.shed import ShedConfig, VegasConfig, admit, shed, vegas_initial, vegas_update
+from headroom.router.shed import ShedConfig, ShedState, VegasConfig, admit, shed, vegas_initial, vegas_update
 from headroom.router.snapshot import ReplicaSnapshot
 
 
@@ -93,3 +93,53 @@ def test_admission_sheds_first_then_limits_and_keeps_the_utilisation_when_sheddi
     assert admit(quiet, 2, vegas, 0.0, random.Random(0), ShedConfig(), True, cfg).admitted
     a = admit(quiet, 50, vegas, 0.0, random.Random(0), ShedConfig(), False, None)
     assert a.admitted and a.limit is None  # adaptive concurrency off: no limit
+
+
+def _failover(cfg: ShedConfig, stall_peak: int) -> tuple[int, int]:
+    """2 replicas of capacity 64 at 100 req/s on a fake clock, 5 outstanding each; at t=2 s replica b dies
+    (not ready) and its share moves to a, which stalls: its outstanding climbs to `stall_peak` over 0.6 s and
+    drains over the next 0.6 s, then settles at 10. Returns (rejected, arrivals)."""
+    state, rng, rejected, arrivals = ShedState(), random.Random(0), 0, 0
+    for k in range(500):  # one arrival every 10 ms for 5 s
+        now = k * 0.01
+        if now < 2.0:
+            snaps = (ReplicaSnapshot("a", outstanding=5, capacity=64), ReplicaSnapshot("b", outstanding=5, capacity=64))
+        else:
+            t = now - 2.0
+            held = 10 + int((stall_peak - 10) * (t / 0.6 if t < 0.6 else max(0.0, 2.0 - t / 0.6)))
+            snaps = (ReplicaSnapshot("a", outstanding=held, capacity=64),
+                     ReplicaSnapshot("b", ready=False, capacity=64))
+        d = shed(snaps, now, rng, cfg, state=state)
+        state, rejected, arrivals = d.state, rejected + d.reject, arrivals + 1
+    return rejected, arrivals
+
+
+def test_a_dead_replicas_share_moving_to_the_survivor_is_queued_not_shed() -> None:
+    """The survivor briefly holds up to 60 of its 64: the averaged ramp absorbs it, the old instantaneous
+    ramp (window 0) shed a share of the burst."""
+    assert _failover(ShedConfig(), stall_peak=60)[0] == 0
+    assert _failover(ShedConfig(average_window_s=0.0), stall_peak=60)[0] > 0
+
+
+def test_a_survivor_full_right_now_still_rejects_whatever_the_average() -> None:
+    rejected, _ = _failover(ShedConfig(), stall_peak=80)  # 80 > 64: tail drop while it is over capacity
+    assert rejected > 0
+    quiet = ShedState(average_utilisation=0.1, updated_s=0.0)
+    full = (ReplicaSnapshot("a", outstanding=64, capacity=64),)
+    d = shed(full, 0.001, random.Random(0), ShedConfig(), state=quiet)
+    assert d.reject and d.fraction == 1.0 and d.state.average_utilisation < 0.2
+
+
+def test_sustained_load_on_the_ramp_is_shed_once_the_average_catches_up() -> None:
+    snaps, state, rng = _fleet(36), ShedState(average_utilisation=0.5, updated_s=0.0), random.Random(0)
+    first = shed(snaps, 0.01, rng, ShedConfig(), state=state)
+    assert first.fraction == 0.0  # 90% for 10 ms after a quiet second: a burst, not yet shed
+    for k in range(1, 1001):  # 10 s at 90%
+        state = shed(snaps, k * 0.01, rng, ShedConfig(), state=state).state
+    d = shed(snaps, 10.01, rng, ShedConfig(), state=state)
+    assert d.fraction == pytest.approx(0.5, abs=0.01) and d.state.average_utilisation == pytest.approx(0.9, abs=0.002)
+
+
+def test_the_average_window_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="average_window_s"):
+        ShedConfig(average_window_s=-1.0)
