@@ -40,6 +40,7 @@ from headroom.server.http_errors import (
     headroom_error_handler,
     http_exception_handler,
 )
+from headroom.server.metrics import OnlySeries
 from headroom.server.model_manager import ModelManager
 from headroom.server.openapi import openapi_document
 from headroom.server.triton_routes import TritonApi
@@ -127,8 +128,8 @@ class HttpApi:
 
     async def metrics(self, request: Request) -> Response:
         names = request.query_params.getlist("name[]")  # Prometheus' filter: only these series (a cheap page)
-        registry = self.registry.restricted_registry(names) if names else self.registry
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        page = generate_latest(OnlySeries(self.registry, names)) if names else generate_latest(self.registry)
+        return Response(page, media_type=CONTENT_TYPE_LATEST)
 
     async def openapi(self, request: Request) -> Response:
         return _json(openapi_document())

@@ -23,7 +23,9 @@ seconds as Prometheus recommends:
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Metric
 
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.types import StageTimings
@@ -132,3 +134,21 @@ class ModelObserver:
         if self._busy is None:
             self._busy = self._m.busy.labels(self._model)
         self._busy.inc(busy_s)
+
+
+class OnlySeries:
+    """A registry's page restricted to the named series (Prometheus' `name[]` filter). Unlike
+    `restricted_registry`, it also sees collectors that register no names up front (the LLM fleet's merged
+    per-model registries), by filtering what every collector yields."""
+
+    def __init__(self, registry: CollectorRegistry, names: Iterable[str]) -> None:
+        self._registry = registry
+        self._names = frozenset(names)
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            samples = [s for s in family.samples if s.name in self._names]
+            if samples:
+                kept = Metric(family.name, family.documentation, family.type, family.unit)
+                kept.samples = samples
+                yield kept
