@@ -87,7 +87,9 @@ class FleetMetrics:
         actors = await asyncio.to_thread(ray.util.list_named_actors, all_namespaces=True)
         names = [str(a["name"]) for a in actors if isinstance(a, dict)]
         targets = [(d, rid, h) for d, h in self.handles.items() for rid in replica_ids(names, app, d)]
-        texts = await asyncio.gather(*(self._scrape(h, rid) for _, rid, h in targets))
+        # one scrape at a time: with several calls pending at once, Serve may hand the replica chosen for one
+        # to another (then a call waits for a routing pass that never comes; seen as a 10 s scrape timeout)
+        texts = [await self._scrape(h, rid) for _, rid, h in targets]
         families = merge_pages([(d, rid, text) for (d, rid, _), text in zip(targets, texts, strict=True)
                                 if text is not None])
         up = Metric("headroom_serve_replica_up", "1 when the replica's page is included, 0 when it did not answer.",
