@@ -51,7 +51,7 @@ from headroom.llm.openai_protocol import (
 from headroom.llm.openai_usage import RequestObserver, Tally, UsageCallback, observed, usage_body
 from headroom.llm.request import SamplingParams, SequenceOutput, TokenLogprob
 from headroom.llm.structured_output import OutputPlan, output_plan
-from headroom.llm.tokenizer import Tokenizer, render_chat
+from headroom.llm.tokenizer import Tokenizer, chat_prompt_ids
 from headroom.llm.tools import ToolPlan, final_tool_delta, with_tool_calls
 from headroom.llm.validation import FieldError, Kind, check_body, logit_bias, token_ids
 
@@ -109,7 +109,7 @@ class OpenAIServing:
             plan = await self._plan(req)
             messages = template_messages(req.messages, self.tool_turns, self.model_name)
             tools = plan.tools.tools if plan.tools is not None else None
-            prompt_ids = tok.encode(render_chat(tok, messages, tools), add_special_tokens=False)
+            prompt_ids = chat_prompt_ids(tok, messages, tools)
             max_tokens = req.max_completion_tokens or req.max_tokens
             top = req.top_logprobs if req.logprobs else None
             params = self._params(req, prompt_ids, max_tokens, (top or 0) if req.logprobs else None, plan.grammar)

@@ -69,6 +69,15 @@ def render_chat(tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]],
         raise FieldError("messages", f"the model's chat template cannot render these messages: {exc}") from None
 
 
+def chat_prompt_ids(tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]],
+                    tools: Sequence[Mapping[str, Any]] | None = None, max_chars: int | None = None) -> list[int]:
+    """A chat request's prompt token ids: `render_chat`, encoded without special tokens (the template adds its
+    own). The OpenAI serving and the router's prompt hasher both call this, so the router's block hashes are the
+    engine's; `max_chars` (the router's) bounds the rendered text that is encoded."""
+    text = render_chat(tokenizer, messages, tools)
+    return tokenizer.encode(text if max_chars is None else text[:max_chars], add_special_tokens=False)
+
+
 def _raise_exception(message: str) -> None:
     from jinja2 import TemplateError
 

@@ -9,7 +9,8 @@
 file's `args:`) is validated by `AppArgs` (unknown keys refused) and becomes a `ServeAppSpec`. The model
 deployment uses headroom's routing policy as Serve's request router (`router`; "serve" keeps Serve's default)
 and a fixed replica count or, with `autoscale`, an `autoscaling_config` derived from headroom's autoscaler
-policy (`headroom.ray_serve.autoscaling`). `serve_config(...)` renders the same application as a Serve config
+policy (`headroom.ray_serve.autoscaling`); so does the LLM deployment (`llm_replicas`, or the same policy between
+`llm_min_replicas` and `llm_max_replicas`). `serve_config(...)` renders the same application as a Serve config
 file (`serve deploy` / `serve run config.yaml`), which `headroom deploy ray` prints.
 """
 
@@ -23,7 +24,7 @@ from headroom.autoscaler.policy import AutoscalerConfig
 from headroom.core.strict_mapping import from_mapping
 from headroom.models.repository import ModelRepository
 from headroom.models.trust import DEFAULT_TRUSTED
-from headroom.ray_serve.autoscaling import serve_autoscaling
+from headroom.ray_serve.autoscaling import serve_autoscaling, with_bounds
 from headroom.ray_serve.spec import ROUTER_CLASS_PATH, SERVE_DEFAULT_ROUTER, ServeAppSpec
 
 IMPORT_PATH = "headroom.ray_serve.app:build_app"
@@ -64,6 +65,9 @@ class AppArgs(BaseModel):
     llm_capacity: int = 32
     llm_num_cpus: float = 1.0
     llm_timeout_s: float = 600.0
+    api_keys_file: str = ""  # API keys as `headroom serve --api-keys-file` (headroom.ray_serve.auth)
+    llm_min_replicas: int | None = None  # with autoscaling: the LLM deployment's bounds (None: the autoscaler's)
+    llm_max_replicas: int | None = None
 
     @field_validator("models", "trusted_backends", mode="before")
     @classmethod
@@ -102,13 +106,18 @@ def models_deployment_options(spec: ServeAppSpec, autoscaler: AutoscalerConfig |
     return options
 
 
-def llm_deployment_options(spec: ServeAppSpec) -> dict[str, Any]:
+def llm_deployment_options(spec: ServeAppSpec, autoscaler: AutoscalerConfig | None = None) -> dict[str, Any]:
     """`serve.deployment` options of the LLM replicas (headroom's router: `prefix` keeps a prompt's prefix, and
-    so its KV blocks, on one replica)."""
-    options: dict[str, Any] = {"name": LLM_DEPLOYMENT, "num_replicas": spec.llm_replicas,
-                               "max_ongoing_requests": spec.llm_capacity,
+    so its KV blocks, on one replica): `llm_replicas`, or with `autoscaler` (the model deployment's policy) an
+    `autoscaling_config` for `llm_capacity` between `llm_min_replicas` and `llm_max_replicas`."""
+    options: dict[str, Any] = {"name": LLM_DEPLOYMENT, "max_ongoing_requests": spec.llm_capacity,
                                "ray_actor_options": {"num_cpus": spec.llm_num_cpus},
                                "graceful_shutdown_timeout_s": spec.drain_timeout_s}
+    if autoscaler is None:
+        options["num_replicas"] = spec.llm_replicas
+    else:
+        policy = with_bounds(autoscaler, spec.llm_min_replicas, spec.llm_max_replicas)
+        options["autoscaling_config"] = serve_autoscaling(policy, spec.llm_capacity, spec.llm_replicas).as_dict()
     if spec.router != SERVE_DEFAULT_ROUTER:
         options["request_router_config"] = {"request_router_class": ROUTER_CLASS_PATH,
                                             "request_router_kwargs": {"policy": spec.router}}
@@ -132,9 +141,10 @@ def build_app(args: AppArgs) -> Any:
 
     spec = args.spec()
     tensor, llm = served_kinds(spec)
-    models = (serve.deployment(**models_deployment_options(spec, args.autoscaler_config()))(ModelReplica).bind(spec)
+    autoscaler = args.autoscaler_config()
+    models = (serve.deployment(**models_deployment_options(spec, autoscaler))(ModelReplica).bind(spec)
               if tensor else None)
-    llms = serve.deployment(**llm_deployment_options(spec))(LLMReplica).bind(spec) if llm else None
+    llms = serve.deployment(**llm_deployment_options(spec, autoscaler))(LLMReplica).bind(spec) if llm else None
     ingress = serve.deployment(**ingress_deployment_options(spec))(HttpIngress)
     return ingress.bind(models, spec, llms)
 
@@ -171,9 +181,10 @@ def serve_config(args: AppArgs, host: str = "0.0.0.0", port: int = 8000, name: s
     (`grpc_port` >= 0: Serve's gRPC proxy there, serving KServe V2 gRPC)."""
     spec = args.spec()  # validates
     tensor, llm = _rendered_kinds(spec)
+    autoscaler = args.autoscaler_config()
     chosen = [ingress_deployment_options(spec)]
-    chosen += [models_deployment_options(spec, args.autoscaler_config())] if tensor else []
-    chosen += [llm_deployment_options(spec)] if llm else []
+    chosen += [models_deployment_options(spec, autoscaler)] if tensor else []
+    chosen += [llm_deployment_options(spec, autoscaler)] if llm else []
     deployments = [{k: v for k, v in options.items() if k != "request_router_config"} for options in chosen]
     grpc = grpc_options(grpc_port)
     return {

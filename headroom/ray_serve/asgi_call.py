@@ -37,6 +37,10 @@ def replica_header(replica_id: str) -> Headers:
     return ((REPLICA_HEADER.encode(), replica_id.encode("latin-1")),)
 
 
+class BrokenAnswer(RuntimeError):
+    """The app failed after it had started its answer: the body sent so far is incomplete."""
+
+
 @dataclass(frozen=True, slots=True)
 class HttpCall:
     """An HTTP request, read by the ingress (the body is complete and within its size limit)."""
@@ -60,10 +64,12 @@ class HttpHead:
         return next((v.decode("latin-1") for k, v in self.headers if k.lower() == key), None)
 
 
-def replica_app(api: HttpApi, extra_routes: Any, registry: CollectorRegistry, clock: Clock) -> ASGIApp:
-    """headroom's HTTP app as `headroom serve` builds it without --api-keys-file (its routes behind the gateway
-    middleware: input limits, the anonymous tenant, usage and Server-Timing), for a Serve replica."""
-    gateway = GatewaySetup()
+def replica_app(api: HttpApi, extra_routes: Any, registry: CollectorRegistry, clock: Clock,
+                gateway: GatewaySetup | None = None) -> ASGIApp:
+    """headroom's HTTP app as `headroom serve` builds it (its routes behind the gateway middleware: input limits,
+    API keys and tenants when `gateway` has keys, else the anonymous tenant, usage and Server-Timing), for a Serve
+    replica."""
+    gateway = gateway or GatewaySetup()
     limiter = RateLimiter(gateway.config.rate_limits, gateway.config.tenant_rate_limits)
     return wrap_app(build_http_app(api, extra_routes), gateway, clock, None, registry, limiter)
 
@@ -91,8 +97,10 @@ def _scope(call: HttpCall) -> dict[str, Any]:
 async def call_asgi(app: ASGIApp, call: HttpCall,
                     extra_headers: Headers = ()) -> AsyncGenerator[HttpHead | bytes, None]:
     """Run `call` through `app`: yields one `HttpHead` (plus `extra_headers`), then the body's chunks. An app
-    that fails before it answered yields a JSON 500; one that fails mid-body ends the body there."""
-    items: asyncio.Queue[HttpHead | bytes | None] = asyncio.Queue()
+    that fails before it answered yields a JSON 500; one that fails mid-body raises `BrokenAnswer` after the
+    chunks it sent (the caller, through the handle, learns that the body is incomplete: the ingress ends an
+    event stream with an error event, `headroom.ray_serve.forward`)."""
+    items: asyncio.Queue[HttpHead | bytes | BrokenAnswer | None] = asyncio.Queue()
     closed = asyncio.Event()
     state = {"body_read": False, "started": False}
 
@@ -121,12 +129,16 @@ async def call_asgi(app: ASGIApp, call: HttpCall,
             if not state["started"]:
                 items.put_nowait(HttpHead(500, ((b"content-type", b"application/json"), *extra_headers)))
                 items.put_nowait(b'{"error": "internal error in the replica", "reason": "internal"}')
+            else:
+                items.put_nowait(BrokenAnswer(f"{call.method} {call.path}: the replica's answer failed mid-body"))
         finally:
             items.put_nowait(None)
 
     task = asyncio.create_task(run(), name=f"asgi-{call.method}-{call.path}")
     try:
         while (item := await items.get()) is not None:
+            if isinstance(item, BrokenAnswer):
+                raise item
             yield item
     finally:
         closed.set()
@@ -136,4 +148,5 @@ async def call_asgi(app: ASGIApp, call: HttpCall,
             await task
 
 
-__all__ = ["REPLICA_HEADER", "HttpCall", "HttpHead", "PagedReplica", "call_asgi", "replica_app", "replica_header"]
+__all__ = ["REPLICA_HEADER", "BrokenAnswer", "HttpCall", "HttpHead", "PagedReplica", "call_asgi", "replica_app",
+           "replica_header"]

@@ -15,6 +15,10 @@ last `scale_down_stabilisation_s` (and the `cooldown_s` after any scale event) a
   band); ``downscale_delay_s`` = max(scale_down_stabilisation_s, cooldown_s).
 * ``min_replicas`` / ``max_replicas`` as given; ``initial_replicas`` = the starting count, clamped.
 
+The LLM deployment (`headroom-llm`) gets the same policy with its own capacity (`llm_capacity`: one replica's
+engine batches that many requests, Serve's `max_ongoing_requests`) and bounds (`with_bounds`: `llm_min_replicas`
+/ `llm_max_replicas`, else the policy's).
+
 Not carried over (Serve has no equivalent; docs/ray.md says so): the hysteresis band (Serve rescales whenever
 the ratio to the target moves; the delays damp it), the scale-up rate limit max(2x, +4) per period, and the warm
 pool (Serve keeps no started-but-idle replicas; raise `min_replicas` instead).
@@ -22,7 +26,7 @@ pool (Serve keeps no started-but-idle replicas; raise `min_replicas` instead).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from headroom.autoscaler.policy import AutoscalerConfig
 
@@ -75,3 +79,11 @@ def serve_autoscaling(cfg: AutoscalerConfig, replica_capacity: int, initial_repl
         initial_replicas=min(cfg.max_replicas, max(cfg.min_replicas, initial_replicas)),
         target_ongoing_requests=target, look_back_period_s=cfg.window_s, upscale_delay_s=0.0,
         downscale_delay_s=max(cfg.scale_down_stabilisation_s, cfg.cooldown_s))
+
+
+def with_bounds(cfg: AutoscalerConfig, min_replicas: int | None, max_replicas: int | None) -> AutoscalerConfig:
+    """`cfg` with other replica bounds (None keeps cfg's): the LLM deployment follows the same policy as the
+    model deployment, between its own bounds. ValueError for bounds the policy refuses."""
+    low = cfg.min_replicas if min_replicas is None else min_replicas
+    high = cfg.max_replicas if max_replicas is None else max_replicas
+    return replace(cfg, min_replicas=low, max_replicas=high)

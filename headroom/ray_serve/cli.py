@@ -17,6 +17,7 @@ from typing import Any
 import typer
 import yaml
 
+from headroom.gateway.auth import KeyStore
 from headroom.models.trust import parse_trusted
 from headroom.router.fleet_config import FleetConfig, FleetSpec, apply_flags, given_flags, load_fleet_config
 from headroom.router.policies import POLICIES
@@ -73,6 +74,12 @@ def deploy_ray(
     llm_replicas: int = typer.Option(1, min=1, help="LLM replicas (deployed when the models include a "
                                      "`backend: llm` one: the OpenAI and generate routes)."),
     llm_num_cpus: float = typer.Option(1.0, min=0.0, help="CPUs each LLM replica reserves in Ray."),
+    api_keys_file: Path | None = typer.Option(None, help="Require API keys as `headroom serve --api-keys-file` "
+                                              "(a `headroom keys` file, at this absolute path on every node)."),
+    llm_min_replicas: int | None = typer.Option(None, min=0, help="With --autoscale (or the file's autoscaler): "
+                                                "the LLM deployment's floor (default: the autoscaler's)."),
+    llm_max_replicas: int | None = typer.Option(None, min=1, help="With --autoscale (or the file's autoscaler): "
+                                                "the LLM deployment's ceiling (default: the autoscaler's)."),
     host: str = typer.Option("0.0.0.0", help="Address Serve's HTTP proxy binds (127.0.0.1 with --run and no "
                              "--ray-address unless given)."),
     port: int = typer.Option(8000, help="Serve's HTTP port."),
@@ -99,16 +106,23 @@ def deploy_ray(
         serve_only: dict[str, Any] = {"multiplex": multiplex, "max_models_per_replica": max_models_per_replica,
                                       "replica_num_cpus": replica_num_cpus, "ingress_num_cpus": ingress_num_cpus,
                                       "trusted_backends": sorted(parse_trusted(trusted_backends)),
-                                      "llm_replicas": llm_replicas, "llm_num_cpus": llm_num_cpus}
+                                      "llm_replicas": llm_replicas, "llm_num_cpus": llm_num_cpus,
+                                      "llm_min_replicas": llm_min_replicas, "llm_max_replicas": llm_max_replicas,
+                                      "api_keys_file": str(api_keys_file.resolve()) if api_keys_file else ""}
         args = AppArgs.model_validate(app_args(fleet, serve_only))
         if serve_router:
             args = args.model_copy(update={"router": "serve"})
-        args.spec()  # every value checked before anything starts
-        args.autoscaler_config()
+        rendered = serve_config(args, host, port, name, grpc_port)  # every value checked before anything starts
     except ValueError as exc:  # pydantic's ValidationError and ConfigError are ValueErrors
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     if run:
+        try:
+            if api_keys_file is not None:  # here, where --run starts the cluster: a missing file fails now
+                KeyStore.from_file(api_keys_file)
+        except ValueError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(code=2) from None
         try:
             import ray.serve  # noqa: F401  # Serve's extra dependencies are imported with it
         except ModuleNotFoundError as exc:
@@ -118,7 +132,7 @@ def deploy_ray(
         bind = host if "host" in given or ray_address else "127.0.0.1"
         _run(args, bind, port, grpc_port, name, ray_address, ray_num_cpus)
         return
-    text = str(yaml.safe_dump(serve_config(args, host, port, name, grpc_port), sort_keys=False))
+    text = str(yaml.safe_dump(rendered, sort_keys=False))
     if output is None:
         typer.echo(text, nl=False)
     else:

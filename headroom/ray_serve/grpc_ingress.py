@@ -12,7 +12,9 @@ classes and the lenient deserializer `headroom serve` uses), and `GrpcIngress` g
   replica, bounded), encoded back; on an LLM: the LLM replica's own gRPC generate path (`GrpcGenerate.infer`:
   `text_input` -> `text_output`, settings as parameters);
 * `ServerLive`, `ServerReady`, `ModelReady`, `ServerMetadata` (Serve routes here only once deployed);
-* errors as `headroom serve` reports them: the headroom error's gRPC code and message.
+* errors as `headroom serve` reports them: the headroom error's gRPC code and message;
+* with the application's API keys, `ModelInfer` and `ServerMetadata` need one in the metadata
+  (`authorization: Bearer <key>` or `x-api-key`), as `headroom serve`'s gRPC interceptor requires.
 
 Not carried (not registered, so the proxy answers UNIMPLEMENTED): `ModelStreamInfer` (Serve 2.60's proxy has
 bidirectional streaming, through its own input-stream protocol to the replica; not wired here), `ModelMetadata`,
@@ -30,6 +32,7 @@ from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound
 from headroom.protocol.generated import headroom_inference_pb2 as pb
 from headroom.protocol.grpc_codec import decode_model_infer, encode_model_infer
 from headroom.protocol.grpc_service import SERVICE_NAME, check_decoded, lenient_parser
+from headroom.ray_serve.auth import IngressAuth
 from headroom.ray_serve.replica import RemoteError
 from headroom.ray_serve.retries import awaited, first_result
 
@@ -78,6 +81,7 @@ class GrpcIngress:
     llm: Any
     spec: Any
     stats: dict[str, int]
+    auth: IngressAuth
 
     def _request_id(self) -> str:
         raise NotImplementedError
@@ -87,6 +91,7 @@ class GrpcIngress:
 
     async def ModelInfer(self, raw: bytes, grpc_context: Any) -> pb.ModelInferResponse:
         try:
+            self.auth.grpc("ModelInfer", grpc_context.invocation_metadata())
             request = _parse_infer(raw)
             check_decoded(request)
             if request.model_name in self.llm_names and self.llm is not None:
@@ -134,4 +139,9 @@ class GrpcIngress:
         return pb.ModelReadyResponse(ready=False)
 
     async def ServerMetadata(self, request: Any, grpc_context: Any) -> pb.ServerMetadataResponse:
+        try:
+            self.auth.grpc("ServerMetadata", grpc_context.invocation_metadata())
+        except HeadroomError as exc:
+            _fail(grpc_context, exc)
+            return pb.ServerMetadataResponse()
         return pb.ServerMetadataResponse(name="headroom", version="ray-serve", extensions=[])

@@ -6,7 +6,9 @@ translates (as headroom's own HTTP transport does, with the same codec, `headroo
 same error bodies, `headroom.server.http_errors`): it checks the model against the repository's configs (404
 before the body is read), reads the body under the size limit (413), decodes and validates it (400), then calls
 `ModelReplica.infer` through the handle with the model name as Serve's multiplexed model id, and encodes the
-answer. Every accepted request gets exactly one response:
+answer. With the application's API keys (`api_keys_file`), a request without a valid key is refused first, as
+`headroom serve --api-keys-file` refuses it (`headroom.ray_serve.auth`). Every accepted request gets exactly one
+response:
 
 * a model replica that dies (or becomes unreachable) under a request: the request is sent again, up to
   `max_attempts` tries with a doubling backoff (inference is idempotent); after that 503 `not_ready`;
@@ -38,6 +40,7 @@ from headroom.protocol.http_request import parse_header_length
 from headroom.protocol.v2_http import decode_infer_request, encode_infer_response
 from headroom.ray_serve.app import LLM_DEPLOYMENT, MODELS_DEPLOYMENT
 from headroom.ray_serve.asgi_call import REPLICA_HEADER
+from headroom.ray_serve.auth import IngressAuth
 from headroom.ray_serve.fleet_metrics import FleetMetrics
 from headroom.ray_serve.grpc_ingress import GrpcIngress
 from headroom.ray_serve.openai_ingress import OpenAIIngress
@@ -50,7 +53,8 @@ from headroom.server.http_errors import error_response
 log = logging.getLogger("headroom.ray_serve")
 
 #: This ingress replica's counters: inference requests, tries repeated after a lost model replica, requests
-#: that ran out of tries (503), requests not answered in time (504).
+#: that ran out of tries (503), requests not answered in time (504), streams that broke after their head (ended
+#: by an error event, `headroom.ray_serve.forward`).
 STATS_PATH = "/ingress/stats"
 
 
@@ -82,11 +86,16 @@ class HttpIngress(GrpcIngress):
                                    for e in index.llm_models)
         self._ids = itertools.count(1)
         # GET /ingress/stats
-        self.stats = {"requests": 0, "replica_lost_retries": 0, "retries_exhausted": 0, "timeouts": 0}
+        self.stats = {"requests": 0, "replica_lost_retries": 0, "retries_exhausted": 0, "timeouts": 0,
+                      "streams_broken": 0}
         self.openai = OpenAIIngress(spec, models, llm, self.configs, self.stats)
         self.fleet = FleetMetrics({MODELS_DEPLOYMENT: models, LLM_DEPLOYMENT: llm}, self.stats)
+        self.auth = IngressAuth.of(spec.api_keys_file)  # API keys, as `headroom serve --api-keys-file`
 
     async def __call__(self, request: Request) -> Response:
+        refused = self.auth.http(request.url.path, request.headers.raw)
+        if refused is not None:
+            return refused
         try:
             return await self._route(request)
         except HeadroomError as exc:

@@ -3,12 +3,12 @@
 `LLMReplica` builds what `headroom serve` builds for its `backend: llm` models (`headroom.server.llm_wiring`):
 its own Prometheus registry, `ServerMetrics`, a `ServingLifecycle`, a `DataPlane` that knows the generative
 models, one `LLMService` per LLM (engine loaded, started and warmed before Serve routes to the replica), and the
-same Starlette app behind the same gateway middleware (no API keys: requests run as the anonymous tenant, whose
-prefix cache they share): `/v1/chat/completions`, `/v1/completions` (streamed or not), `/v1/models`,
-`/v2/models/{m}/generate[_stream]`, `/v2/llm/prefix_blocks`, `/metrics`. The ingress forwards the HTTP request
-as an `HttpCall` through a streaming `DeploymentHandle` and gets the head and the body chunks back
-(`headroom.ray_serve.asgi_call`), so answers, errors, Server-Timing and server-sent events are byte for byte
-those of `headroom serve`.
+same Starlette app behind the same gateway middleware (with the application's API keys, each request runs as its
+key's tenant, whose prefix cache it shares; without, all as the anonymous tenant: `headroom.ray_serve.auth`):
+`/v1/chat/completions`, `/v1/completions` (streamed or not), `/v1/models`, `/v2/models/{m}/generate[_stream]`,
+`/v2/llm/prefix_blocks`, `/metrics`. The ingress forwards the HTTP request as an `HttpCall` through a streaming
+`DeploymentHandle` and gets the head and the body chunks back (`headroom.ray_serve.asgi_call`), so answers,
+errors, Server-Timing and server-sent events are byte for byte those of `headroom serve`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from prometheus_client import CollectorRegistry
 from headroom.core.clock import MonotonicClock
 from headroom.core.errors import HeadroomError, InvalidRequest
 from headroom.core.lifecycle import ServingLifecycle
-from headroom.gateway.middleware import GatewayConfig
 from headroom.models.repository import ModelRepository
 from headroom.protocol.generated import headroom_inference_pb2 as pb
 from headroom.ray_serve.asgi_call import HttpCall, HttpHead, PagedReplica, call_asgi, replica_app, replica_header
+from headroom.ray_serve.auth import replica_gateway
 from headroom.ray_serve.replica import RemoteError
 from headroom.ray_serve.spec import ServeAppSpec
 from headroom.server.dataplane import DataPlane
@@ -48,14 +48,15 @@ class LLMReplica(PagedReplica):
         self.lifecycle = ServingLifecycle()
         self.dataplane = DataPlane(ServerMetrics(self.registry), self.clock, lifecycle=self.lifecycle)
         index = ModelRepository(Path(spec.model_repository), spec.trusted_backends).scan(spec.models or None)
-        # as `headroom serve` without --api-keys-file: every request runs as the anonymous tenant
-        wiring = wire_llms(index.llm_models, self.registry, self.lifecycle, self.dataplane, GatewayConfig())
+        # as `headroom serve [--api-keys-file]`: each request runs as its key's tenant, or all as the anonymous one
+        gateway = replica_gateway(spec.api_keys_file)
+        wiring = wire_llms(index.llm_models, self.registry, self.lifecycle, self.dataplane, gateway.config)
         self.services = wiring.services
         self.grpc = wiring.grpc  # the LLMs on gRPC ModelInfer (through Serve's gRPC proxy and the ingress)
         for service in self.services:  # loaded and warmed before Serve routes here (a failure fails the replica)
             await service.start()
         api = HttpApi(self.dataplane, self.registry, HttpLimits(spec.max_body_bytes), wiring.cards)
-        self.app = replica_app(api, wiring.routes, self.registry, self.clock)
+        self.app = replica_app(api, wiring.routes, self.registry, self.clock, gateway)
 
     async def http(self, call: HttpCall, routing_key: str | None = None) -> AsyncGenerator[HttpHead | bytes, None]:
         """Answer one HTTP request (streamed: the head, then body chunks). `routing_key` is the request

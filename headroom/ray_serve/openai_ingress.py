@@ -8,7 +8,8 @@
 * `GET /v1/models`: the embedding models' cards (from the repository's configs) and the LLM replica's cards.
 
 Everything else about these routes (validation, errors in OpenAI's or Triton's shape, Server-Timing, usage,
-server-sent events) is the replicas' own, so it is what `headroom serve` answers.
+server-sent events) is the replicas' own, so it is what `headroom serve` answers. A stream that breaks after its
+head (the replica died or raised) ends with the route's error event (`headroom.ray_serve.forward`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from headroom.gateway.limits import read_body
 from headroom.models.config import ModelConfig
 from headroom.protocol.openai_errors import exception_body, openai_error_body
 from headroom.ray_serve.asgi_call import HttpCall
-from headroom.ray_serve.forward import forward
+from headroom.ray_serve.forward import forward, generate_stream_error, openai_stream_error
 from headroom.ray_serve.spec import ServeAppSpec
 from headroom.router.request_keys import request_key
 from headroom.server import embeddings
@@ -107,7 +108,8 @@ class OpenAIIngress:
             return _openai_error(404, "this application serves no LLM (no `backend: llm` model among its models)")
         call, body, timeout_s = await self._call(request)
         key = request_key(self.spec.router, request.headers, body, self.spec.affinity_header)
-        return await forward(self.llm.http, call, self.spec, self.stats, "the LLM", timeout_s, routing_key=key)
+        ends = openai_stream_error if generate_path(request.url.path) is None else generate_stream_error
+        return await forward(self.llm.http, call, self.spec, self.stats, "the LLM", timeout_s, ends, routing_key=key)
 
     async def embeddings(self, request: Request) -> Response:
         if self.models is None:

@@ -33,6 +33,7 @@ from headroom.models.artifacts import ModelLoadError
 from headroom.models.repository import ModelRepository
 from headroom.protocol.openai_errors import exception_body
 from headroom.ray_serve.asgi_call import HttpCall, HttpHead, PagedReplica, call_asgi, replica_app, replica_header
+from headroom.ray_serve.auth import replica_gateway
 from headroom.ray_serve.spec import ServeAppSpec
 from headroom.server.dataplane import DataPlane
 from headroom.server.http_app import HttpApi, HttpLimits
@@ -103,7 +104,8 @@ class ModelReplica(PagedReplica):
 
         self.get_model = serve.multiplexed(max_num_models_per_replica=spec.max_models_per_replica)(load_model)
         self.app = replica_app(HttpApi(self.dataplane, self.registry, HttpLimits(spec.max_body_bytes)), (),
-                               self.registry, self.clock)  # /v1/embeddings, as `headroom serve` answers it
+                               self.registry, self.clock, replica_gateway(spec.api_keys_file))  # /v1/embeddings,
+        #   as `headroom serve` answers it (with the application's API keys, if any)
         self._preloaded: list[ResidentModel] = []
         if not spec.multiplex:  # every replica serves every model, loaded before Serve routes to it
             self._preloaded = [await self._load(entry.name) for entry in self.index.models]

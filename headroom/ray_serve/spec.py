@@ -44,6 +44,10 @@ class ServeAppSpec:
     llm_num_cpus: float = 1.0  # CPUs each LLM replica reserves
     llm_timeout_s: float = 600.0  # an LLM answer's head, and each streamed chunk after it, must come this soon
     #   (X-Request-Timeout-Ms, when shorter, wins); past it the ingress answers 504 / ends the stream
+    api_keys_file: str = ""  # `headroom keys` file (the same path on every node): keys required as by `headroom
+    #   serve --api-keys-file` (headroom.ray_serve.auth); empty = none, every request as the anonymous tenant
+    llm_min_replicas: int | None = None  # autoscaling bounds of the LLM deployment (None: the autoscaler's own,
+    llm_max_replicas: int | None = None  #   as for the model deployment); used only when autoscaling is on
 
     def __post_init__(self) -> None:
         if not self.model_repository:
@@ -64,3 +68,8 @@ class ServeAppSpec:
                              "load_allowance_s and llm_num_cpus must be >= 0")
         if self.llm_timeout_s <= 0:
             raise ValueError("llm_timeout_s must be > 0")
+        low, high = self.llm_min_replicas, self.llm_max_replicas
+        if (low is not None and low < 0) or (high is not None and high < 1) or (
+                low is not None and high is not None and low > high):
+            raise ValueError(f"need 0 <= llm_min_replicas <= llm_max_replicas and llm_max_replicas >= 1, got "
+                             f"{low} and {high}")

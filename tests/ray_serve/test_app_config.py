@@ -89,3 +89,21 @@ def test_serve_config_deploys_the_llm_when_the_repository_has_one() -> None:
     assert {d["name"] for d in only_llm["applications"][0]["deployments"]} == {INGRESS_DEPLOYMENT, LLM_DEPLOYMENT}
     with pytest.raises(ValueError, match="llm_timeout_s"):
         AppArgs.model_validate({"model_repository": "m", "llm_timeout_s": 0}).spec()
+
+
+def test_the_llm_deployment_autoscales_with_the_model_deployments_policy_between_its_own_bounds() -> None:
+    autoscaler = {"min_replicas": 2, "max_replicas": 8, "target_utilisation": 0.25, "scale_down_utilisation": 0.1,
+                  "window_s": 20, "scale_down_stabilisation_s": 120, "cooldown_s": 30}
+    args = AppArgs.model_validate({"model_repository": str(REPO), "models": ["smollm2"], "autoscaler": autoscaler,
+                                   "llm_capacity": 16, "llm_max_replicas": 3})
+    doc = serve_config(args)
+    ServeDeploySchema.model_validate(doc)
+    llm = next(d for d in doc["applications"][0]["deployments"] if d["name"] == LLM_DEPLOYMENT)
+    assert "num_replicas" not in llm
+    assert llm["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 3, "initial_replicas": 2,
+                                         "target_ongoing_requests": 4.0, "look_back_period_s": 20.0,
+                                         "upscale_delay_s": 0.0, "downscale_delay_s": 120.0}
+    fixed = llm_deployment_options(args.spec())  # no autoscaler: llm_replicas, as before
+    assert fixed["num_replicas"] == 1 and "autoscaling_config" not in fixed
+    with pytest.raises(ValueError, match="llm_min_replicas"):
+        AppArgs.model_validate({"model_repository": "m", "llm_min_replicas": 3, "llm_max_replicas": 2}).spec()

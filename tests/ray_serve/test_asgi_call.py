@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from headroom.ray_serve.asgi_call import HttpCall, HttpHead, call_asgi, replica_header
+from headroom.ray_serve.asgi_call import BrokenAnswer, HttpCall, HttpHead, call_asgi, replica_header
 
 
 def _app(closed: asyncio.Event) -> Starlette:
@@ -36,8 +37,15 @@ def _app(closed: asyncio.Event) -> Starlette:
     async def broken(request: Request) -> Response:
         raise RuntimeError("a bug")
 
+    async def breaks(request: Request) -> Response:
+        async def gen() -> AsyncIterator[bytes]:
+            yield b"data: 0\n\n"
+            raise RuntimeError("the generation failed")
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
     return Starlette(routes=[Route("/echo", echo, methods=["POST"]), Route("/events", events),
-                             Route("/broken", broken)])
+                             Route("/broken", broken), Route("/breaks", breaks)])
 
 
 async def test_a_response_comes_back_as_its_head_then_its_body() -> None:
@@ -68,3 +76,13 @@ async def test_an_app_that_fails_answers_one_500() -> None:
     items = [item async for item in call_asgi(raw, HttpCall("GET", "/"))]
     assert isinstance(items[0], HttpHead) and items[0].status == 500 and len(items) == 2
     assert b'"reason": "internal"' in bytes(items[1])  # type: ignore[arg-type]
+
+
+async def test_an_app_that_fails_mid_body_raises_after_what_it_sent() -> None:
+    """Not a body that looks complete: the caller (the ingress, through the handle) learns it broke."""
+    stream = call_asgi(_app(asyncio.Event()), HttpCall("GET", "/breaks"))
+    head = await anext(stream)
+    assert isinstance(head, HttpHead) and head.status == 200
+    assert await anext(stream) == b"data: 0\n\n"
+    with pytest.raises(BrokenAnswer, match="failed mid-body"):
+        await anext(stream)

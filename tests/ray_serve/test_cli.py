@@ -70,6 +70,23 @@ def test_an_llm_model_gets_its_llm_deployment(tmp_path: Path) -> None:
     assert deployments[LLM_DEPLOYMENT]["ray_actor_options"] == {"num_cpus": 2.0}
 
 
+def test_autoscale_gives_the_llm_deployment_serves_autoscaling_between_its_bounds() -> None:
+    code, text = _deploy("--model", "smollm2", "--model", "minilm", "--autoscale", "--min-replicas", "1",
+                         "--max-replicas", "6", "--llm-max-replicas", "3")
+    assert code == 0, text
+    doc = yaml.safe_load(text)
+    ServeDeploySchema.model_validate(doc)
+    llm = next(d for d in doc["applications"][0]["deployments"] if d["name"] == LLM_DEPLOYMENT)
+    # headroom's policy (target utilisation 0.5) of one replica's llm_capacity (32): 16 ongoing requests
+    assert "num_replicas" not in llm and llm["max_ongoing_requests"] == 32
+    assert llm["autoscaling_config"]["min_replicas"] == 1 and llm["autoscaling_config"]["max_replicas"] == 3
+    assert llm["autoscaling_config"]["target_ongoing_requests"] == 16.0
+    assert _models(doc)["autoscaling_config"]["max_replicas"] == 6  # the model deployment keeps its own
+    assert AppArgs.model_validate(doc["applications"][0]["args"]).llm_max_replicas == 3
+    code, text = _deploy("--model", "smollm2", "--autoscale", "--max-replicas", "2", "--llm-min-replicas", "3")
+    assert code == 2 and "min_replicas" in text  # a floor above the ceiling is refused before anything runs
+
+
 def test_router_yaml_feeds_policy_capacity_and_autoscaling_and_flags_win(tmp_path: Path) -> None:
     config = tmp_path / "router.yaml"
     config.write_text(yaml.safe_dump({

@@ -4,7 +4,8 @@ HTTP proxy -> the ingress -> a DeploymentHandle -> a headroom DataPlane in each 
 * a request through Serve answers exactly as `headroom serve` (a real process) answers it, errors included;
 * multiplexing: with one model per replica, each of two models settles on its own replica and both answer;
 * headroom's affinity policy as Serve's request router: one session key always reaches one replica;
-* a model replica actor killed under load loses no accepted request (the ingress retries on the survivor).
+* a model replica actor killed under load loses no accepted request (the ingress retries on the survivor);
+* API keys (`api_keys_file`) are required over HTTP and gRPC as `headroom serve --api-keys-file` requires them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tritonclient.grpc as triton_grpc
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from headroom.gateway.auth import create_key
 from headroom.ray_serve.app import MODELS_DEPLOYMENT
 from headroom.ray_serve.ingress import REPLICA_HEADER, STATS_PATH
 from tests.ray_serve.conftest import deploy
@@ -119,6 +121,38 @@ def test_kserve_v2_grpc_through_serves_grpc_proxy(repo: Path, serve_addresses: t
             assert _grpc_status(lambda c=client: c.infer("nope", [missing])) == "StatusCode.NOT_FOUND"
             assert _grpc_status(lambda c=client: c.infer("digits", [missing])) == "StatusCode.INVALID_ARGUMENT"
         assert _grpc_status(lambda: via_serve.get_model_metadata("digits")) == "StatusCode.UNIMPLEMENTED"
+
+
+def test_api_keys_are_required_over_http_and_grpc_as_by_headroom_serve(
+        repo: Path, serve_addresses: tuple[str, str], tmp_path: Path) -> None:
+    """`api_keys_file` on a real cluster: the ingress refuses a request without a valid key (401, gRPC
+    UNAUTHENTICATED), health stays open, and a keyed request runs through the replica, whose own gateway loaded
+    the same keys file."""
+    keys = tmp_path / "keys.json"
+    key = create_key(keys, "acme")
+    deploy(repo, replicas=1, router="serve", models=["noop"], api_keys_file=str(keys))
+    serve_url, grpc_target = serve_addresses
+    with httpx.Client(timeout=60.0) as client:
+        bare = client.post(f"{serve_url}/v2/models/noop/infer", json=noop_body(1))
+        assert bare.status_code == 401 and bare.json()["reason"] == "unauthenticated", bare.text
+        assert bare.headers["www-authenticate"] == 'Bearer realm="headroom"'
+        wrong = client.post(f"{serve_url}/v1/embeddings", json={"model": "noop", "input": ["x"]},
+                            headers={"authorization": "Bearer hr_0000_wrong"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"  # OpenAI's shape
+        assert client.get(f"{serve_url}/v2/health/ready").status_code == 200
+        keyed = client.post(f"{serve_url}/v2/models/noop/infer", json=noop_body(1), headers={"x-api-key": key})
+        assert _outputs(keyed)[0]["data"] == [1, 2, 3]
+        # forwarded to the model replica's own HTTP app: its gateway accepts the key (noop is no embedding model)
+        forwarded = client.post(f"{serve_url}/v1/embeddings", json={"model": "noop", "input": ["x"]},
+                                headers={"authorization": f"Bearer {key}"})
+        assert forwarded.status_code not in (401, 403) and forwarded.json()["error"], forwarded.text
+    via_serve = triton_grpc.InferenceServerClient(grpc_target)
+    tensor = triton_grpc.InferInput("input", [1, 3], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 3), dtype=np.float32))
+    assert via_serve.is_server_ready()  # health RPCs need no key
+    assert _grpc_status(lambda: via_serve.infer("noop", [tensor])) == "StatusCode.UNAUTHENTICATED"
+    answer = via_serve.infer("noop", [tensor], headers={"x-api-key": key})
+    assert answer.as_numpy("output").shape == (1, 3)
 
 
 def _replica_of(client: httpx.Client, url: str, model: str, body: dict[str, Any]) -> str:

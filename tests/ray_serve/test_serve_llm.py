@@ -2,7 +2,8 @@
 test, with the official openai SDK: Serve's HTTP proxy -> the ingress -> a streaming DeploymentHandle -> headroom's
 own routes in an LLM replica (its engine) or a model replica (its data plane). Greedy text, streamed or not, is what
 a real `headroom serve` process answers; so are the generate routes, embeddings and errors. `/metrics` merges
-every replica's page, labelled per replica."""
+every replica's page, labelled per replica. Both deployments autoscale (Serve's own deployment config says so),
+and a stream whose LLM replica is killed mid-answer ends with OpenAI's error event (last: it kills the replica)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import tritonclient.grpc as triton_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from headroom.ray_serve.app import LLM_DEPLOYMENT, MODELS_DEPLOYMENT
-from headroom.ray_serve.ingress import REPLICA_HEADER
-from tests.ray_serve.conftest import deploy
+from headroom.ray_serve.ingress import REPLICA_HEADER, STATS_PATH
+from tests.ray_serve.conftest import APP, deploy
 from tests.support.server import RunningServer, run_server
 
 REPO = Path(__file__).resolve().parents[2] / "models"
@@ -30,7 +31,8 @@ MESSAGES = [{"role": "system", "content": "You are a terse assistant."},
 @pytest.fixture(scope="module")
 def served(serve_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, RunningServer]]:
     """(Serve's URL with smollm2 + minilm deployed, a `headroom serve` process serving the same models)."""
-    deploy(REPO, models=["smollm2", "minilm"], router="prefix", llm_num_cpus=0.5)
+    deploy(REPO, models=["smollm2", "minilm"], router="prefix", llm_num_cpus=0.5, autoscale=True, min_replicas=1,
+           max_replicas=2, llm_max_replicas=2, llm_timeout_s=120.0)
     with run_server(REPO, tmp_path_factory.mktemp("headroom"), ["--model", "smollm2", "--model", "minilm"]) as server:
         yield serve_url, server
 
@@ -134,3 +136,51 @@ def test_llm_model_infer_through_serves_grpc_proxy(served: tuple[str, RunningSer
     _, server = served
     expected = _grpc_text(server.grpc_target)
     assert expected and _grpc_text(serve_addresses[1]) == expected
+
+
+def test_both_deployments_reach_serve_with_their_autoscaling_config(served: tuple[str, RunningServer]) -> None:
+    """What Serve's controller holds for the application (its deployment details), not what headroom rendered:
+    the LLM deployment autoscales between its own bounds on headroom's policy (0.5 of llm_capacity 32). Scaling
+    up under load is not exercised here (an LLM replica needs a CPU the 2-CPU test cluster does not have)."""
+    from ray import serve
+    from ray.serve.context import _get_global_client
+
+    details = _get_global_client().get_serve_details()["applications"][APP]["deployments"]
+    llm = details[LLM_DEPLOYMENT]["deployment_config"]
+    assert llm["max_ongoing_requests"] == 32
+    scaling = llm["autoscaling_config"]
+    assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (1, 2, 16.0)
+    assert scaling["upscale_delay_s"] == 0.0 and scaling["look_back_period_s"] == 15.0
+    models = details[MODELS_DEPLOYMENT]["deployment_config"]["autoscaling_config"]
+    assert (models["min_replicas"], models["max_replicas"], models["target_ongoing_requests"]) == (1, 2, 4.0)
+    status = serve.status().applications[APP].deployments[LLM_DEPLOYMENT]
+    assert status.status == "HEALTHY" and status.replica_states.get("RUNNING") == 1
+
+
+def _kill_llm_replica() -> None:
+    import ray
+
+    names = [a for a in ray.util.list_named_actors(all_namespaces=True) if f"#{LLM_DEPLOYMENT}#" in a["name"]]
+    assert len(names) == 1, names
+    ray.kill(ray.get_actor(names[0]["name"], namespace=names[0]["namespace"]), no_restart=True)
+
+
+def test_a_stream_whose_llm_replica_dies_ends_with_an_openai_error_event(served: tuple[str, RunningServer]) -> None:
+    """Last in this module: it kills the LLM replica (Serve starts another). The stream has sent text; the
+    ingress cannot retry it, so it ends it with OpenAI's error event, which the openai SDK raises as APIError."""
+    serve_url, _ = served
+    stream = _client(serve_url).chat.completions.create(
+        model="smollm2", messages=MESSAGES, max_tokens=1024, temperature=0, stream=True,  # type: ignore[arg-type]
+        extra_body={"ignore_eos": True})  # a long answer: the kill lands mid-stream
+    text = ""
+    with pytest.raises(openai.APIError) as err:
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                if not text:
+                    _kill_llm_replica()
+                text += chunk.choices[0].delta.content
+    assert text, "no text before the kill"
+    body = err.value.body
+    assert isinstance(body, dict) and "lost mid-answer" in body["message"] and body["code"] == "engine_unavailable"
+    stats = httpx.get(serve_url + STATS_PATH, timeout=30.0).json()
+    assert stats["streams_broken"] >= 1, stats

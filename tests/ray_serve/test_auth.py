@@ -1,0 +1,122 @@
+"""API keys on a Serve application (headroom.ray_serve.auth): the real `HttpIngress` on a real uvicorn server on
+127.0.0.1, read with the official openai SDK and httpx, in front of a replica stand-in running headroom's own
+replica app (`replica_app`, the gateway with the same keys) through `call_asgi`. Without a key: `headroom serve
+--api-keys-file`'s 401s; with one: the request reaches the replica, which runs it as the key's tenant. No cluster
+needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from headroom.core.clock import MonotonicClock
+from headroom.gateway.auth import create_key
+from headroom.gateway.errors import Unauthenticated
+from headroom.ray_serve.asgi_call import replica_app
+from headroom.ray_serve.auth import IngressAuth, replica_gateway
+from headroom.ray_serve.ingress import HttpIngress
+from headroom.ray_serve.spec import ServeAppSpec
+from headroom.router.fake_replica import serve_asgi
+from headroom.server.dataplane import DataPlane
+from headroom.server.http_app import HttpApi, HttpLimits
+from headroom.server.metrics import ServerMetrics
+from tests.support.serve_handles import AsgiHandle
+
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
+
+
+def _replica(keys_file: str) -> ASGIApp:
+    """headroom's replica app (no models) with a chat route that answers with the tenant the gateway set."""
+
+    async def chat(request: Request) -> Response:
+        tenant = request.scope["state"]["tenant"]
+        return JSONResponse({"id": "c1", "object": "chat.completion", "created": 0, "model": "m", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": tenant}, "finish_reason": "stop"}]})
+
+    registry, clock = CollectorRegistry(), MonotonicClock()
+    api = HttpApi(DataPlane(ServerMetrics(registry), clock), registry, HttpLimits(1 << 20))
+    return replica_app(api, [Route("/v1/chat/completions", chat, methods=["POST"])], registry, clock,
+                       replica_gateway(keys_file))
+
+
+def _app(keys_file: str, tmp_path: Path) -> tuple[Starlette, AsgiHandle]:
+    handle = AsgiHandle(lambda: _replica(keys_file))
+    ingress = HttpIngress(None, ServeAppSpec(str(tmp_path), api_keys_file=keys_file), handle)
+
+    async def endpoint(request: Request) -> Response:
+        return await ingress(request)
+
+    return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST"])]), handle
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[str, str, str]:
+    """(keys file, a user key of tenant acme, an admin key of tenant ops)."""
+    path = tmp_path / "keys.json"
+    return str(path), create_key(path, "acme"), create_key(path, "ops", role="admin")
+
+
+async def test_the_ingress_refuses_requests_without_a_valid_key_as_headroom_serve_does(
+        keys: tuple[str, str, str], tmp_path: Path) -> None:
+    keys_file, acme, _ = keys
+    (tmp_path / "repo").mkdir()
+    app, handle = _app(keys_file, tmp_path / "repo")
+    async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url, timeout=60.0) as http:
+        with pytest.raises(openai.AuthenticationError) as err:  # OpenAI's 401 through the official SDK
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="hr_bad_key", max_retries=0)
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+        assert isinstance(err.value.body, dict) and err.value.body["code"] == "invalid_api_key"
+        bare = await http.get("/v2/models")  # the ingress's own routes too, in V2's error shape
+        assert bare.status_code == 401 and bare.json()["reason"] == "unauthenticated"
+        assert bare.headers["www-authenticate"] == 'Bearer realm="headroom"'
+        assert (await http.get("/v2/health/ready")).status_code == 200  # probes need no key
+        assert not handle.calls  # nothing refused reached a replica
+        ok = await http.get("/v2/models", headers={"x-api-key": acme})
+        assert ok.status_code == 200 and ok.json() == {"models": []}
+
+
+async def test_a_forwarded_request_runs_as_its_keys_tenant_in_the_replica(
+        keys: tuple[str, str, str], tmp_path: Path) -> None:
+    keys_file, acme, admin = keys
+    (tmp_path / "repo").mkdir()
+    app, handle = _app(keys_file, tmp_path / "repo")
+    async with serve_asgi(app) as url:
+        for key, tenant in ((acme, "acme"), (admin, "ops")):
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60.0)
+            done = await client.chat.completions.create(model="m", messages=MESSAGES)
+            assert done.choices[0].message.content == tenant  # the replica's gateway authenticated it too
+    assert len(handle.calls) == 2
+
+
+async def test_without_a_keys_file_everything_runs_as_the_anonymous_tenant(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    app, _ = _app("", tmp_path / "repo")
+    async with serve_asgi(app) as url:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60.0)
+        done = await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert done.choices[0].message.content == "anonymous"
+
+
+def test_grpc_calls_need_a_key_in_their_metadata_except_health(keys: tuple[str, str, str]) -> None:
+    keys_file, acme, _ = keys
+    auth = IngressAuth.of(keys_file)
+    with pytest.raises(Unauthenticated):
+        auth.grpc("ModelInfer", [])
+    with pytest.raises(Unauthenticated):
+        auth.grpc("ServerMetadata", [("x-api-key", "hr_0000_wrong")])
+    auth.grpc("ModelInfer", [("authorization", f"Bearer {acme}")])
+    auth.grpc("ServerReady", [])  # health RPCs are exempt, as under `headroom serve`
+    assert IngressAuth.of("").http("/v2/models", []) is None  # no keys file: nothing is checked
+    # roles as `headroom serve` checks them: a user key on a management path is a 403
+    refused = auth.http("/v2/repository/models/m/load", [(b"x-api-key", acme.encode())])
+    assert refused is not None and refused.status_code == 403
