@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from headroom.core.clock import MonotonicClock
 from headroom.gateway.app import GatewaySetup, wrap_app
+from headroom.gateway.middleware import GatewayConfig
 from headroom.models.backends.python_backend import PythonModel
 from headroom.models.repository import ModelRepository
 from headroom.server.dataplane import DataPlane, ServedVersion
@@ -72,7 +73,9 @@ async def measure(requests: int, concurrency: int, path: str) -> dict[str, Any]:
     for loaded in await repo.load_async(repo.scan(None)):
         dataplane.add(ServedVersion(name=loaded.name, version=loaded.version, config=loaded.config,
                                     model=loaded.model))
-    app = wrap_app(build_http_app(HttpApi(dataplane, registry, HttpLimits())), GatewaySetup(), registry=registry)
+    # as `headroom serve` composes it (server.app.Server): the data plane writes the access line, the gateway not
+    setup = GatewaySetup(GatewayConfig(access_log=False))
+    app = wrap_app(build_http_app(HttpApi(dataplane, registry, HttpLimits())), setup, registry=registry)
     if path == "/v1/embeddings":
         body = json.dumps({"input": "a short sentence of about eight words", "model": "fakeemb"}).encode()
     else:

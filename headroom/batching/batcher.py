@@ -8,15 +8,16 @@ Request path inside one model version:
                                             └── take  → collate/predict/split/postprocess in
                                                        the model's executor → futures resolved
 
+Model work runs on `workers.ThreadWorkers` threads (one queue put per call, one `call_soon_threadsafe` back).
 A model whose preprocess only decodes (`cheap_preprocess = True`, e.g. minilm, which tokenizes the whole
 batch in collate) has it run inline on the event loop: a thread hop per request costs more than that work.
 
-The loop sleeps until a request arrives, a batch finishes, or the policy's `wake_at_s`. It is the only
-writer of the queue. Every admitted request's future is resolved exactly once: if the loop itself dies (a
-bug, never a model error: those fail their batch only), everything queued fails with a 500, `alive` turns
-false and `on_fatal` is told, so that the server turns liveness red and exits. The load estimators
-(`headroom.batching.estimator`) are updated on the event loop only: arrivals in `submit`, batch service
-times when a batch's executor call returns.
+The loop sleeps (on one plain future) until a request arrives, a batch finishes with requests still queued, or
+the policy's `wake_at_s` (one loop timer). It is the only writer of the queue. Every admitted request's future
+is resolved exactly once: if the loop itself dies (a bug, never a model error: those fail their batch only),
+everything queued fails with a 500, `alive` turns false and `on_fatal` is told, so that the server turns
+liveness red and exits. The load estimators (`headroom.batching.estimator`) are updated on the event loop
+only: arrivals in `submit`, batch service times when a batch's executor call returns.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -35,6 +35,7 @@ from headroom.batching.admission import admit, refusal_message
 from headroom.batching.estimator import LoadEstimates
 from headroom.batching.policy import BatchPolicyConfig, QueuedItem, QueueSnapshot, decide
 from headroom.batching.queue import BatchResult, Entry
+from headroom.batching.workers import ThreadWorkers
 from headroom.core.clock import Clock
 from headroom.core.errors import Cancelled, DeadlineExceeded, HeadroomError, InvalidRequest, Overloaded
 from headroom.models.base import Model
@@ -89,9 +90,11 @@ class Batcher:
         self._queue: list[Entry] = []
         self._admitted = 0  # admitted and not yet resolved (includes preprocessing and executing)
         self._free_instances = config.instances
-        self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=config.instances, thread_name_prefix=f"{name}-exec")
-        self._pre_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"{name}-pre")
+        # The loop sleeps on one plain future (no Event, no asyncio.timeout per sleep): `_wake` resolves it, and a
+        # policy's `wake_at_s` is one loop timer that calls `_wake`.
+        self._sleeping: asyncio.Future[None] | None = None
+        self._executor = ThreadWorkers(config.instances, f"{name}-exec")
+        self._pre_executor = ThreadWorkers(2, f"{name}-pre")
         # A model whose preprocess only decodes (`cheap_preprocess = True`) runs it on the event loop.
         self._inline_preprocess = model.cheap_preprocess
         self._loop_task: asyncio.Task[None] | None = None
@@ -139,8 +142,8 @@ class Batcher:
         self._queue.clear()
         if self._batch_tasks:
             await asyncio.gather(*self._batch_tasks, return_exceptions=True)
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._pre_executor.shutdown(wait=False, cancel_futures=True)
+        self._executor.shutdown()
+        self._pre_executor.shutdown()
 
     @property
     def queue_depth(self) -> int:
@@ -191,13 +194,10 @@ class Batcher:
                      deadline_s: float, priority: int, group: str, stream: str) -> BatchResult:
         admitted_s = self._clock.now_s()
         self._load.arrivals.observe(admitted_s)
-        loop = asyncio.get_running_loop()
         if self._inline_preprocess:  # cheaper than the thread hop it would otherwise take
             model_inputs = self._model.preprocess(inputs, parameters)
         else:
-            model_inputs = await loop.run_in_executor(
-                self._pre_executor, self._model.preprocess, inputs, parameters
-            )
+            model_inputs = await self._pre_executor.run(self._model.preprocess, inputs, parameters)
         now_s = self._clock.now_s()
         preprocess_s = now_s - admitted_s
         if now_s >= deadline_s:
@@ -209,34 +209,43 @@ class Batcher:
         key = self._model.batch_key(model_inputs) if self._cfg.batching else ()
         item = QueuedItem(enqueued_s=now_s, deadline_s=deadline_s, size=size, priority=priority,
                           group=group, stream=stream, batch_key=key)
-        entry = Entry(item=item, inputs=model_inputs, parameters=parameters, future=loop.create_future(),
+        entry = Entry(item=item, inputs=model_inputs, parameters=parameters,
+                      future=asyncio.get_running_loop().create_future(),
                       admitted_s=admitted_s, preprocess_s=preprocess_s)
         entry.future.add_done_callback(_consume_exception)
         if self._died is not None:  # nothing would ever take it from the queue
             raise HeadroomError(f"model '{self._name}' batcher failed: {self._died}")
         self._queue.append(entry)
-        self._wakeup.set()
-        try:
-            return await asyncio.shield(entry.future)
+        self._wake()
+        try:  # no shield: a cancelled future is one the batcher skips (it only resolves futures not done)
+            return await entry.future
         except asyncio.CancelledError:
             entry.cancelled = True
             if entry in self._queue:
                 self._queue.remove(entry)
-                self._wakeup.set()
+                self._wake()
             raise
 
     # -- the loop --------------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        """Have the loop look again (at most once per loop iteration, however many callers)."""
+        sleeping = self._sleeping
+        if sleeping is not None and not sleeping.done():
+            sleeping.set_result(None)
+
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             wake_at_s = self._step()
-            self._wakeup.clear()
+            self._sleeping = sleeping = loop.create_future()
             if wake_at_s is None:
-                await self._wakeup.wait()
+                await sleeping
                 continue
-            timeout_s = max(0.0, wake_at_s - self._clock.now_s())
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout_s):  # not wait_for: no task per sleep
-                    await self._wakeup.wait()
+            timer = loop.call_later(max(0.0, wake_at_s - self._clock.now_s()), self._wake)
+            try:
+                await sleeping
+            finally:
+                timer.cancel()
 
     def _step(self) -> float | None:
         """Dispatch as many batches as free instances allow; return when to look again."""
@@ -280,12 +289,11 @@ class Batcher:
 
     async def _execute(self, entries: list[Entry], window_s: float, missing: tuple[str, ...]) -> None:
         start_s = self._clock.now_s()
-        live = [e for e in entries if not e.cancelled]
+        live = [e for e in entries if not e.cancelled and not e.future.done()]  # done: its task was cancelled
         compute_s = 0.0
         try:
             if live:
-                loop = asyncio.get_running_loop()
-                results = await loop.run_in_executor(self._executor, self._run_batch, live, start_s, missing)
+                results = await self._executor.run(self._run_batch, live, start_s, missing)
                 # collate + predict + split + postprocess, for the batch's items
                 self._load.service.observe(self._clock.now_s() - start_s, sum(e.item.size for e in live))
                 compute_s = results[0].compute_s
@@ -305,7 +313,8 @@ class Batcher:
             busy_s = self._clock.now_s() - start_s
             self._obs.on_busy(busy_s)
             self._free_instances += 1
-            self._wakeup.set()
+            if self._queue:  # an empty queue has nothing to dispatch: the next arrival wakes the loop
+                self._wake()
         if live:
             self._obs.on_batch(sum(e.item.size for e in live), len(live), compute_s, window_s)
 

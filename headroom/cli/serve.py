@@ -163,8 +163,8 @@ def serve(
         setup = gateway_setup(api_keys_file, max_body_bytes, rate_limit_rps, rate_limit_burst, llm_tokens_per_s,
                               llm_token_burst, cors_origin, body_timeout_s,
                               headers_timeout_s=headers_timeout_s)
-        # The data plane writes the per-request access line (HTTP and gRPC alike); the gateway stays quiet.
-        setup = dataclasses.replace(setup, config=dataclasses.replace(setup.config, access_log=False,
+        # The data plane writes the per-request access line (server.app.Server keeps the gateway's quiet).
+        setup = dataclasses.replace(setup, config=dataclasses.replace(setup.config,
                                                                       trust_tenant_header=trust_tenant_header))
         tls = None
         if tls_certfile is not None or tls_keyfile is not None:

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +165,10 @@ class Server:
 
             provider = file_tracer_provider(self.config.trace_spans_file)
         dashboard = dashboard_routes(registry=self.registry, clock=self.clock)
-        app = wrap_app(build_http_app(api, [*llm_routes, *dashboard]), gw, self.clock, provider,
+        # One access line per request: the data plane writes it (HTTP and gRPC alike); the gateway's own line
+        # stays for what the data plane never sees (LLM routes: llm_access_log; its refusals: gateway/access.py).
+        quiet = replace(gw, config=replace(gw.config, access_log=False))
+        app = wrap_app(build_http_app(api, [*llm_routes, *dashboard]), quiet, self.clock, provider,
                        self.registry, self.limiter)
         headers_timeout_s = gw.config.limits.headers_timeout_s
         protocol = header_deadline_protocol(headers_timeout_s) if headers_timeout_s > 0 else "auto"

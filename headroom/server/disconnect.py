@@ -11,13 +11,19 @@ from headroom.core.errors import Cancelled
 
 T = TypeVar("T")
 
+#: A request answered within this long never starts its disconnect watcher (a task, and that task's
+#: cancellation, on the event loop per request); one still waiting then is watched from then on, so a client
+#: that left is dropped from the queue at most this much later than it could be.
+WATCH_AFTER_S = 0.01
+
 
 async def race_disconnect(submit: Coroutine[Any, Any, T], disconnected: DisconnectWatcher | None,
-                           name: str) -> T:
+                          name: str, watch_after_s: float = WATCH_AFTER_S) -> T:
     """Await the batcher; if the client goes away first, cancel (drop from the queue) and raise Cancelled.
 
-    The batcher runs in this task (no extra task and no `asyncio.wait` per request): the watcher, when the
-    client disconnects, cancels this task, and the CancelledError is turned into Cancelled here.
+    The batcher runs in this task (no extra task and no `asyncio.wait` per request). The watcher starts only
+    once the request has waited `watch_after_s` (a timer until then: a request answered sooner costs no task);
+    when the client disconnects, it cancels this task, and the CancelledError is turned into Cancelled here.
     """
     if disconnected is None:
         return await submit
@@ -25,19 +31,26 @@ async def race_disconnect(submit: Coroutine[Any, Any, T], disconnected: Disconne
     if current is None:
         raise RuntimeError("race_disconnect must run inside a task")
     gone = finished = False
+    watcher: asyncio.Future[None] | None = None
 
-    def on_watcher_done(watcher: asyncio.Future[None]) -> None:
+    def on_watcher_done(done: asyncio.Future[None]) -> None:
         nonlocal gone
-        if watcher.cancelled():
+        if done.cancelled():
             return
-        watcher.exception()  # retrieved: a receive() that failed means the connection is gone too
+        done.exception()  # retrieved: a receive() that failed means the connection is gone too
         if finished:
             return
         gone = True
         current.cancel()
 
-    watcher = asyncio.ensure_future(disconnected())
-    watcher.add_done_callback(on_watcher_done)
+    def start_watching() -> None:
+        nonlocal watcher
+        if finished:
+            return
+        watcher = asyncio.ensure_future(disconnected())
+        watcher.add_done_callback(on_watcher_done)
+
+    timer = asyncio.get_running_loop().call_later(watch_after_s, start_watching)
     try:
         return await submit
     except asyncio.CancelledError:
@@ -47,4 +60,6 @@ async def race_disconnect(submit: Coroutine[Any, Any, T], disconnected: Disconne
         raise Cancelled(f"client disconnected; request to '{name}' dropped") from None
     finally:
         finished = True
-        watcher.cancel()
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()

@@ -47,6 +47,9 @@ async def _one_line(server: RunningServer, request_id: str) -> dict[str, Any]:
         assert time.monotonic() < deadline, f"no access line for {request_id}"
         await asyncio.sleep(0.05)
     assert len(lines) == 1, lines
+    gateway_lines = [line for line in server.log().splitlines()
+                     if request_id in line and '"headroom.gateway.access"' in line]
+    assert not gateway_lines, gateway_lines  # one line per request: the gateway's own stays off under serve
     return lines[0]
 
 
