@@ -111,12 +111,16 @@ _request = st.fixed_dictionaries({
 # requests a served model accepts (digits: FP32 [B, 1, 8, 8]; minilm: BYTES [B, 1]), with fuzzed values
 # (NaN, inf, huge, empty or invalid UTF-8 text), typed or raw contents: these reach preprocessing and the model
 _batch = st.integers(1, 4)
+# mostly values the model accepts (so that most cases run a batch), some NaN / inf and invalid UTF-8 (the 400s)
+_pixels = (st.floats(0.0, 16.0, width=32), st.floats(width=32, allow_nan=False, allow_infinity=False),
+           st.floats(width=32))
+_texts = st.one_of(st.text(max_size=120).map(lambda t: t.encode("utf-8")), st.binary(max_size=300))
 _digits = _batch.flatmap(lambda b: st.fixed_dictionaries({
     "model": st.just("digits"), "name": st.just("input"), "shape": st.just([b, 1, 8, 8]), "raw": st.booleans(),
-    "fp32": st.lists(st.floats(width=32), min_size=64 * b, max_size=64 * b)}))
+    "fp32": st.one_of(*(st.lists(floats, min_size=64 * b, max_size=64 * b) for floats in _pixels))}))
 _minilm = _batch.flatmap(lambda b: st.fixed_dictionaries({
     "model": st.just("minilm"), "name": st.just("text"), "shape": st.just([b, 1]), "raw": st.booleans(),
-    "bytes": st.lists(st.binary(max_size=300), min_size=b, max_size=b)}))
+    "bytes": st.lists(_texts, min_size=b, max_size=b)}))
 
 
 def _served_message(d: dict[str, Any]) -> bytes:
