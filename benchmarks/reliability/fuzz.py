@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import struct
 import time
 from collections import Counter
 from pathlib import Path
@@ -107,6 +108,36 @@ _request = st.fixed_dictionaries({
 })
 
 
+# requests a served model accepts (digits: FP32 [B, 1, 8, 8]; minilm: BYTES [B, 1]), with fuzzed values
+# (NaN, inf, huge, empty or invalid UTF-8 text), typed or raw contents: these reach preprocessing and the model
+_batch = st.integers(1, 4)
+# mostly values the model accepts (so that most cases run a batch), some NaN / inf and invalid UTF-8 (the 400s)
+_pixels = (st.floats(0.0, 16.0, width=32), st.floats(width=32, allow_nan=False, allow_infinity=False),
+           st.floats(width=32))
+_texts = st.one_of(st.text(max_size=120).map(lambda t: t.encode("utf-8")), st.binary(max_size=300))
+_digits = _batch.flatmap(lambda b: st.fixed_dictionaries({
+    "model": st.just("digits"), "name": st.just("input"), "shape": st.just([b, 1, 8, 8]), "raw": st.booleans(),
+    "fp32": st.one_of(*(st.lists(floats, min_size=64 * b, max_size=64 * b) for floats in _pixels))}))
+_minilm = _batch.flatmap(lambda b: st.fixed_dictionaries({
+    "model": st.just("minilm"), "name": st.just("text"), "shape": st.just([b, 1]), "raw": st.booleans(),
+    "bytes": st.lists(_texts, min_size=b, max_size=b)}))
+
+
+def _served_message(d: dict[str, Any]) -> bytes:
+    req = pb.ModelInferRequest(model_name=d["model"], id="fuzz")
+    dtype = "FP32" if "fp32" in d else "BYTES"
+    i = req.inputs.add(name=d["name"], datatype=dtype, shape=d["shape"])
+    if dtype == "FP32" and d["raw"]:
+        req.raw_input_contents.append(struct.pack(f"<{len(d['fp32'])}f", *d["fp32"]))
+    elif dtype == "FP32":
+        i.contents.fp32_contents.extend(d["fp32"])
+    elif d["raw"]:  # Triton's BYTES wire form: 4-byte little-endian length, then the bytes
+        req.raw_input_contents.append(b"".join(struct.pack("<I", len(x)) + x for x in d["bytes"]))
+    else:
+        i.contents.bytes_contents.extend(d["bytes"])
+    return bytes(req.SerializeToString())
+
+
 def _message(d: dict[str, Any]) -> bytes:
     req = pb.ModelInferRequest(model_name=d["model"], model_version=d["version"], id="fuzz")
     for t in d["inputs"]:
@@ -123,9 +154,10 @@ def _message(d: dict[str, Any]) -> bytes:
 
 
 def fuzz_grpc(target: str, cases: int, deadline_s: float) -> dict[str, Any]:
-    """3/4 of `cases` structured ModelInferRequests, 1/4 raw bytes that are mostly not a valid protobuf (fewer if
+    """Half of `cases` structured ModelInferRequests (mostly invalid), a quarter well-formed for a served model
+    (fuzzed values: they reach the model), a quarter raw bytes that are mostly not a valid protobuf (fewer if
     time.monotonic() passes `deadline_s`)."""
-    codes: dict[str, Counter[str]] = {"structured": Counter(), "garbage": Counter()}
+    codes: dict[str, Counter[str]] = {"structured": Counter(), "served": Counter(), "garbage": Counter()}
     examples: list[str] = []
     with grpc.insecure_channel(target) as channel:
         call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
@@ -143,9 +175,15 @@ def fuzz_grpc(target: str, cases: int, deadline_s: float) -> dict[str, Any]:
 
         @seed(0)
         @given(d=_request)
-        @settings(max_examples=cases * 3 // 4, **SETTINGS)  # type: ignore[arg-type]
+        @settings(max_examples=cases // 2, **SETTINGS)  # type: ignore[arg-type]
         def structured(d: dict[str, Any]) -> None:
             send("structured", _message(d))
+
+        @seed(0)
+        @given(d=st.one_of(_digits, _minilm))
+        @settings(max_examples=max(1, cases // 4), **SETTINGS)  # type: ignore[arg-type]
+        def served(d: dict[str, Any]) -> None:
+            send("served", _served_message(d))
 
         @seed(0)
         @given(raw=st.binary(max_size=256))
@@ -155,10 +193,12 @@ def fuzz_grpc(target: str, cases: int, deadline_s: float) -> dict[str, Any]:
 
         with contextlib.suppress(_OutOfTime):
             structured()
+            served()
             garbage()
     errors = {k: sum(c[s.name] for s in SERVER_ERRORS) for k, c in codes.items()}
     return {"cases": sum(sum(c.values()) for c in codes.values()), "server_errors": sum(errors.values()),
-            "server_errors_structured": errors["structured"], "server_errors_garbage": errors["garbage"],
+            "server_errors_structured": errors["structured"], "server_errors_served": errors["served"],
+            "server_errors_garbage": errors["garbage"],
             "by_code": {k: dict(c) for k, c in codes.items()}, "examples": examples,
             "out_of_time": time.monotonic() > deadline_s}
 

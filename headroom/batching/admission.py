@@ -6,9 +6,15 @@ Batch service time is modelled as `fixed_s + per_item_s x items` (`headroom.batc
 the queue is served in batches of up to `max_batch_size`, `instances` at a time:
 
     drain_s(k)     = (ceil(k / max_batch_size) x fixed_s + k x per_item_s) / instances
-    predicted_s    = drain_s(requests_ahead + 1)      # the queue ahead, then the request itself
+    predicted_s    = tail_factor x drain_s(requests_ahead + 1)   # the queue ahead, then the request itself
     admit          = requests_ahead == 0 or predicted_s <= budget_s
-    retry_after_s  = drain_s(requests_ahead)          # time for the backlog to drain
+    retry_after_s  = drain_s(requests_ahead)          # time for the backlog to drain (its expected value)
+
+The fit predicts the *mean* batch time. Admitting at the mean lets the queue fill until the typical request
+just meets the budget, so the slower half of them miss it. `tail_factor` (>= 1) turns the prediction into a
+high quantile: the estimator derives it from the measured dispersion of batch times around the fit
+(`ServiceTimeEstimator.tail_factor`: mean + z x standard deviation of measured / fitted), so a request is
+admitted only if its delay fits the budget at that quantile.
 
 A request with nothing ahead of it is always admitted: it is the fastest the model can serve, and its batch
 keeps the service-time estimate current. The budget is the smaller of the model's SLO (its default timeout
@@ -31,12 +37,15 @@ class Backlog:
     per_item_s: float  # estimated seconds per item in a batch
     max_batch_size: int = 1  # requests one batch can take (1 for a model that does not batch)
     instances: int = 1  # batches that execute concurrently
+    tail_factor: float = 1.0  # a high quantile of batch time over the fit's mean (1: predict at the mean)
 
     def __post_init__(self) -> None:
         if self.requests_ahead < 0 or self.fixed_s < 0 or self.per_item_s < 0:
             raise ValueError("requests_ahead, fixed_s and per_item_s must be >= 0")
         if self.max_batch_size < 1 or self.instances < 1:
             raise ValueError("max_batch_size and instances must be >= 1")
+        if not 1.0 <= self.tail_factor < math.inf:
+            raise ValueError(f"tail_factor must be finite and >= 1, got {self.tail_factor}")
 
     def drain_s(self, items: int) -> float:
         """Seconds to serve `items` requests from an empty start, in batches of up to max_batch_size."""
@@ -49,13 +58,13 @@ class AdmissionDecision:
     """The verdict and the numbers behind it (they go into the 503's message)."""
 
     admitted: bool  # False: answer 503 with Retry-After
-    predicted_s: float  # predicted time until the request's own batch finishes
+    predicted_s: float  # predicted time until the request's own batch finishes, at the tail quantile
     retry_after_s: float  # predicted time for the backlog ahead to drain
 
 
 def admit(backlog: Backlog, budget_s: float) -> AdmissionDecision:
     """Admit unless the backlog ahead plus the request itself would overrun `budget_s`."""
-    predicted_s = backlog.drain_s(backlog.requests_ahead + 1)
+    predicted_s = backlog.tail_factor * backlog.drain_s(backlog.requests_ahead + 1)
     admitted = backlog.requests_ahead == 0 or predicted_s <= budget_s
     return AdmissionDecision(admitted=admitted, predicted_s=predicted_s,
                              retry_after_s=backlog.drain_s(backlog.requests_ahead))
@@ -66,7 +75,8 @@ def refusal_message(model: str, backlog: Backlog, decision: AdmissionDecision, b
     return (
         f"model '{model}' is overloaded: {backlog.requests_ahead} requests ahead (batches of up to "
         f"{backlog.max_batch_size} at {backlog.fixed_s * 1e3:.1f} ms + {backlog.per_item_s * 1e3:.2f} ms per "
-        f"item) predict {decision.predicted_s * 1e3:.0f} ms until this request is served, over its latency budget of "
+        f"item, x{backlog.tail_factor:.2f} for the tail of measured batch times) predict "
+        f"{decision.predicted_s * 1e3:.0f} ms until this request is served, over its latency budget of "
         f"{budget_s * 1e3:.0f} ms (the model's SLO or the client's timeout, whichever is shorter); retry after "
         f"{decision.retry_after_s:.2f} s"
     )

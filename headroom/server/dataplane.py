@@ -229,18 +229,23 @@ class DataPlane:
         """Series labels never come from unvalidated client input: one fixed label for unknown names."""
         return (name if name in self._slots else UNKNOWN_LABEL), UNKNOWN_LABEL
 
-    def admit_early(self, name: str, version: str, client_timeout_ms: float | None, request_id: str = "") -> None:
+    def admit_early(self, name: str, version: str, client_timeout_ms: float | None, request_id: str = "",
+                    received_s: float | None = None) -> None:
         """Admission before the body is read (`headroom.batching.admission`): raise Overloaded (counted as
-        rejected, logged) if the backlog already rules out the latency budget that the path and headers allow."""
+        rejected, logged) if the backlog already rules out the latency budget that the path and headers allow,
+        less the time spent since the edge received the request (`received_s`, when known)."""
         if version not in self._slots.get(name, {}) and not (name in self._slots and not version):
             return  # not resident (memory budget) or unknown: `infer` answers
         slot = self._slot(name, version)
+        now_s = self._clock.now_s()
+        spent_s = 0.0 if received_s is None else max(0.0, now_s - received_s)
         try:
-            slot.batcher.check_admission(latency_budget_ms(slot.served.config, client_timeout_ms) / 1e3)
+            slot.batcher.check_admission(latency_budget_ms(slot.served.config, client_timeout_ms) / 1e3 - spent_s)
         except HeadroomError as exc:
             slot.observer.stats.on_failure(0.0)
             self._metrics.observe_request(name, slot.served.version, _outcome(exc), None)
-            self._log(request_id, name, slot.served.version, exc.http_status, self._clock.now_s(), exc.reason)
+            self._log(request_id, name, slot.served.version, exc.http_status,
+                      now_s if received_s is None else min(now_s, received_s), exc.reason)
             raise
 
     def config_of(self, name: str, version: str = "") -> ModelConfig | None:

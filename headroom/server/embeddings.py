@@ -7,11 +7,15 @@ them), `dimensions` (the model's own size, or one of the sizes its config declar
 `parameters.matryoshka_dimensions`, which truncates and re-normalises), `user`. Anything else is a 400
 naming the field. `usage` counts the tokens the model embeds (its `count_tokens(texts)`, e.g. minilm's
 tokenizer after truncation to `max_seq_length`).
+
+`peek_model` finds the model's name in the raw body without parsing it, so that an overloaded model's 503
+is decided before the JSON is parsed and checked (the full parse still decides everything else).
 """
 
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -23,6 +27,9 @@ from headroom.protocol.openai_errors import FieldError
 
 FIELDS = frozenset({"input", "model", "encoding_format", "dimensions", "user"})
 DEFAULT_MODEL = "minilm"
+# `"model": "<plain name>"` as a JSON key: a `"` escaped inside a string is `\"`, so text quoting a key does not
+# match; a name with escapes (or none at all) is left to the parser
+_MODEL_KEY = re.compile(rb'(?<!\\)"model"\s*:\s*"([A-Za-z0-9_.:/-]{1,256})"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +40,12 @@ class EmbeddingsRequest:
     model: str  # the served model's name
     encoding_format: Literal["float", "base64"]  # how vectors go on the wire
     dimensions: int | None  # requested vector size (None = the model's own)
+
+
+def peek_model(body: bytes) -> str | None:
+    """The `model` the raw body names, found without parsing it (None when not found plainly)."""
+    found = _MODEL_KEY.search(body)
+    return found.group(1).decode("ascii") if found is not None else None
 
 
 def parse_request(body: Any) -> EmbeddingsRequest:

@@ -143,7 +143,8 @@ class HttpApi:
         request_id = self._request_id(request)
         served = self.dp.resolve(p["model"], p.get("version", ""), request_id)  # 404 before reading the body
         timeout_ms = client_timeout_ms(request.headers)
-        self.dp.admit_early(p["model"], p.get("version", ""), timeout_ms, request_id)  # 503 before the body
+        self.dp.admit_early(p["model"], p.get("version", ""), timeout_ms, request_id,  # 503 before the body
+                            received_s(request))
         body = await read_body(request, self.limits.max_body_bytes)
         header_len = request.headers.get("inference-header-content-length")
         try:
@@ -186,8 +187,14 @@ class HttpApi:
             return _json(exception_body(exc), exc.http_status, headers)
 
     async def _embeddings(self, request: Request) -> Response:
+        raw = await read_body(request, self.limits.max_body_bytes)
+        timeout_ms, arrived_s = client_timeout_ms(request.headers), received_s(request)
+        request_id = self._request_id(request)
+        peeked = embeddings.peek_model(raw)
+        if peeked is not None and self._serves_embeddings(peeked):  # 503 before the JSON is parsed and checked
+            self.dp.admit_early(peeked, "", timeout_ms, request_id, arrived_s)
         try:
-            body = orjson.loads(await read_body(request, self.limits.max_body_bytes))
+            body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise FieldError(None, f"request body is not valid JSON: {exc}", "invalid_json") from None
         req = embeddings.parse_request(body)
@@ -199,11 +206,11 @@ class HttpApi:
         spec = served.config.inputs[0]
         shape = (len(req.texts), *(1 for _ in spec.shape))  # one string per batch row
         data = np.array([t.encode("utf-8") for t in req.texts], dtype=object).reshape(shape)
-        infer = InferenceRequest(request_id=self._request_id(request), model_name=req.model, model_version="",
+        infer = InferenceRequest(request_id=request_id, model_name=req.model, model_version="",
                                  inputs=(Tensor(spec.name, "BYTES", shape, data),),
-                                 timeout_ms=client_timeout_ms(request.headers), received_s=received_s(request))
-        # refused now, before a thread is given its token count (a refused request's count would queue there)
-        self.dp.admit_early(req.model, "", infer.timeout_ms, infer.request_id)
+                                 timeout_ms=timeout_ms, received_s=arrived_s)
+        if peeked != req.model:  # refused now, before a thread is given its token count (it would queue there)
+            self.dp.admit_early(req.model, "", infer.timeout_ms, infer.request_id, arrived_s)
         # the usage count tokenizes off the loop while the model runs (a model that cannot count reports 0)
         result, tokens = await asyncio.gather(self.dp.infer(infer, disconnect_watcher(request)),
                                               asyncio.to_thread(embeddings.count_tokens, served.model, req.texts))
@@ -211,6 +218,10 @@ class HttpApi:
         vectors = embeddings.truncate(vectors, dimensions)
         return _json(embeddings.response_body(req, vectors, tokens),
                      headers={"Server-Timing": server_timing_header(result.timings)})
+
+    def _serves_embeddings(self, name: str) -> bool:
+        config = self.dp.config_of(name)
+        return config is not None and embeddings.is_embedding_model(config)
 
     def _embedding_models(self) -> list[str]:
         return [n for n in self.dp.model_names() if embeddings.is_embedding_model(self.dp.served(n).config)]

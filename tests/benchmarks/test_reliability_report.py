@@ -35,6 +35,20 @@ def test_each_figure_is_judged_against_its_target() -> None:
     assert verdicts["fuzz: server RSS growth"] == "yes"
 
 
+def test_the_grpc_fuzz_line_gives_each_kind_of_case_its_count_and_served_answers() -> None:
+    """The line once read "0 (0 well-formed, 0 undecodable bytes)" for 10,000 cases: those were the server
+    errors per kind. It now says of how many cases of each kind, and how many a model answered (OK)."""
+    grpc = {"cases": 10_000, "server_errors": 1, "server_errors_structured": 0, "server_errors_served": 1,
+            "server_errors_garbage": 0, "by_code": {"structured": {"INVALID_ARGUMENT": 4000, "NOT_FOUND": 1000},
+                                                    "served": {"OK": 2400, "INVALID_ARGUMENT": 99, "INTERNAL": 1},
+                                                    "garbage": {"INVALID_ARGUMENT": 2500}}}
+    table = markdown({"fuzz": {"http": {"cases": 10_000, "operations": 30, "responses_5xx": 0}, "grpc": grpc,
+                               "rss_growth_mb": 1.0}})
+    line = next(row for row in table.splitlines() if "gRPC" in row)
+    assert ("| 1 (protobuf: 0 of 5000, 0 OK; valid for a model: 1 of 2500, 2400 OK; undecodable: 0 of 2500, 0 OK) |"
+            in line) and line.endswith("| **no** |")
+
+
 def test_too_short_a_failover_run_does_not_meet_the_target() -> None:
     table = markdown({"failover": {"kill_9": _failover(0, 0, 500), "sigterm": _failover(0, 0, 500)}})
     assert table.count("**no**") == 2
