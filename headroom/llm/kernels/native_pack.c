@@ -148,35 +148,6 @@ static inline void store_out(float *out, __m256 acc, int accumulate) {
     *out = accumulate ? *out + v : v;
 }
 
-/* the fixed lane tree (lane_sum8) of 8 accumulators at once: out lane j = lane_sum8(v[j]). Every add is one of
- * lane_sum8's, with the same operands in the same association (a + b == b + a bitwise), so the bits are store_out's:
- * first l_j + l_{j+4} (the two 128-bit halves), then (s0 + s2) and (s1 + s3), then their sum. */
-__attribute__((always_inline)) T_VNNI static inline __m256 lane_sum8x8(const __m256 *v) {
-    __m256 h[4];
-    for (int p = 0; p < 4; p++) { /* [s0 s1 s2 s3 of v[2p] | of v[2p + 1]], reordered to s0 s2 s1 s3 */
-        const __m256 a = v[2 * p], b = v[2 * p + 1];
-        const __m256 t = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-        h[p] = _mm256_shuffle_ps(t, t, _MM_SHUFFLE(3, 1, 2, 0));
-    }
-    /* hadd: [x0 + x1, x2 + x3, y0 + y1, y2 + y3 | the same of the high halves] */
-    const __m256 u01 = _mm256_hadd_ps(h[0], h[1]), u23 = _mm256_hadd_ps(h[2], h[3]);
-    /* lanes [v0 v2 v4 v6 | v1 v3 v5 v7] -> v0..v7 */
-    const __m256 w = _mm256_hadd_ps(u01, u23);
-    return _mm256_permutexvar_ps(_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), w);
-}
-
-/* store_out of accumulators acc[0..cnt) to out[0], out[ld], ... (the tree of 8 at a time) */
-__attribute__((always_inline)) T_VNNI static inline void store_outs(float *out, int64_t ld, const __m256 *acc,
-                                                                    int64_t cnt, int accumulate) {
-    int64_t i = 0;
-    for (; i + 8 <= cnt; i += 8) {
-        float l[8];
-        _mm256_storeu_ps(l, lane_sum8x8(acc + i));
-        for (int j = 0; j < 8; j++) out[(i + j) * ld] = accumulate ? out[(i + j) * ld] + l[j] : l[j];
-    }
-    for (; i < cnt; i++) store_out(out + i * ld, acc[i], accumulate);
-}
-
 /* vectors per group of nt blocks (unpack_group) */
 static inline int group_vectors(int nt) { return HR_COMPACT_TAIL(nt) ? nt : 8; }
 
@@ -274,7 +245,8 @@ __attribute__((always_inline)) T_VNNI static inline void rows_packed(const hr_qt
         if (tail && group_vectors(tail) == 4) group_rows(w, prow, rb, a, i0, i1, full, tail, 4, acc, nr, wide);
         else if (tail && group_vectors(tail) == 2) group_rows(w, prow, rb, a, i0, i1, full, tail, 2, acc, nr, wide);
         else if (tail) group_rows(w, prow, rb, a, i0, i1, full, tail, 8, acc, nr, wide);
-        for (int r = 0; r < nr; r++) store_outs(y + i0 * ldy + n + r, ldy, acc[r], i1 - i0, accumulate);
+        for (int r = 0; r < nr; r++)
+            for (int64_t i = i0; i < i1; i++) store_out(y + i * ldy + n + r, acc[r][i - i0], accumulate);
     }
 }
 
