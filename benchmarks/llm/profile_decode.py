@@ -18,7 +18,8 @@ In-process, offline engine (no HTTP), the default native runner, ~100-token prom
    one thread: read + write bytes / time) and against the C step's own effective rate (weight bytes / step time).
 4. With `--http`: `headroom serve` on 127.0.0.1 (this checkout's `models/` repository, smollm2 only) and one
    streamed /v1/completions request at a time (64 tokens, ignore_eos); TPOT p50 from the client's chunk arrival
-   times against the offline engine's step time at batch 1 = the async serving overhead per token.
+   times and the server's own mean inter-token latency (its /metrics) against the offline engine's step time at
+   batch 1 = the async serving overhead per token (`--http-threads` sets each server's num_threads).
 
 Thread counts: each `--threads` value is run in a child process with that `num_threads` (the OpenMP runtime reads
 its wait policy once, when it loads: `--omp-env KEY=VALUE,...` sets the child's environment; the default is the
@@ -248,18 +249,34 @@ def _time(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
-def http_tpot(threads: str, requests: int, tokens: int, prompt_tokens: int) -> dict[str, Any]:
-    """One streamed completion at a time against `headroom serve`; TPOT from the chunks' arrival times."""
+def server_itl(client: Any, url: str) -> tuple[float, float]:
+    """(sum, count) of the server's own inter-token latency histogram (the engine thread's clock)."""
+    text = client.get(url + "/metrics").text
+    got = {}
+    for line in text.splitlines():
+        for part in ("sum", "count"):
+            if line.startswith(f"headroom_llm_inter_token_latency_seconds_{part}{{"):
+                got[part] = got.get(part, 0.0) + float(line.rsplit(" ", 1)[1])
+    return got.get("sum", 0.0), got.get("count", 0.0)
+
+
+def http_tpot(threads: int, requests: int, tokens: int) -> dict[str, Any]:
+    """One streamed completion at a time against `headroom serve` (num_threads `threads`, -1 = the config's);
+    TPOT from the chunks' arrival times at the client, and the engine's own mean inter-token latency."""
+    import tempfile
+
     import httpx
 
     sys.path.insert(0, str(ROOT / "benchmarks" / "llm"))
-    from serving_servers import free_port
+    from serving_servers import free_port, headroom_repository
 
     port = free_port()
-    cmd = [str(Path(sys.executable).with_name("headroom")), "serve", "--model-repository", str(ROOT / "models"),
+    repo = Path(tempfile.mkdtemp(prefix="profile-decode-repo-"))
+    headroom_repository(repo, "", threads)
+    cmd = [str(Path(sys.executable).with_name("headroom")), "serve", "--model-repository", str(repo),
            "--model", "smollm2", "--http-port", str(port), "--grpc-port", "-1", "--no-access-log", "--log-level",
            "warning"]  # fmt: skip
-    env = dict(os.environ)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # serve this checkout
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -276,7 +293,10 @@ def http_tpot(threads: str, requests: int, tokens: int, prompt_tokens: int) -> d
                 time.sleep(0.2)  # polling a child's readiness (no condition to wait on in-process)
             prompt = " ".join(["The water cycle moves water between the sea, the air and the land."] * 8)
             tpots, gaps = [], []
+            itl_before = (0.0, 0.0)
             for i in range(requests + 1):  # the first one warms the server (thread tuner, caches)
+                if i == 1:
+                    itl_before = server_itl(client, url)
                 body = {"model": "smollm2", "prompt": f"{i}. {prompt}", "max_tokens": tokens, "temperature": 0,
                         "stream": True, "ignore_eos": True}  # fmt: skip
                 arrivals = []
@@ -289,11 +309,14 @@ def http_tpot(threads: str, requests: int, tokens: int, prompt_tokens: int) -> d
                 d = [b - a for a, b in itertools.pairwise(arrivals[1:])]
                 gaps.extend(d)
                 tpots.append((arrivals[-1] - arrivals[1]) / (len(arrivals) - 2))
+            itl_after = server_itl(client, url)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return {"requests": requests, "tokens": tokens, "tpot_ms_p50": med_ms(tpots),
-            "chunk_gap_ms_p50": med_ms(gaps), "num_threads": threads or "config (auto)"}  # fmt: skip
+    n_itl = itl_after[1] - itl_before[1]
+    engine_itl_ms = round((itl_after[0] - itl_before[0]) / n_itl * 1e3, 4) if n_itl else None
+    return {"requests": requests, "tokens": tokens, "tpot_ms_p50": med_ms(tpots), "chunk_gap_ms_p50": med_ms(gaps),
+            "engine_inter_token_ms_mean": engine_itl_ms, "num_threads": threads if threads >= 0 else "config"}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -310,6 +333,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--omp-env", default="", help="KEY=VALUE,... for the children (default OMP_WAIT_POLICY=PASSIVE)")
     ap.add_argument("--http", action="store_true", help="also measure TPOT through `headroom serve` (one stream)")
+    ap.add_argument("--http-threads", default="-1", help="num_threads of each server (-1 = the config's: auto)")
     ap.add_argument("--label", default="", help="a tag stored in the JSON (e.g. the commit)")
     ap.add_argument("--out", default="", help="result JSON path")
     ap.add_argument("--one-threads", type=int, default=-1, help=argparse.SUPPRESS)  # internal: child mode
@@ -343,7 +367,9 @@ def main() -> None:
         result["by_threads"][str(th)] = json.loads(res.stdout.strip().splitlines()[-1])
     if args.http:
         os.environ.update(omp)
-        result["http_one_stream"] = http_tpot("", requests=3, tokens=64, prompt_tokens=args.prompt_tokens)
+        result["http_one_stream"] = {
+            str(th): http_tpot(th, requests=3, tokens=64) for th in (int(x) for x in args.http_threads.split(","))
+        }
     result["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     text = json.dumps(result, indent=1)
     print(text)
