@@ -256,7 +256,10 @@ class LLMEngine:
                 plain.append((row, req))
             row += 1 + len(s.draft_token_ids)
         if plain:
-            rows = logits[[r for r, _ in plain]]
+            idx = [r for r, _ in plain]
+            # every row is a plain one, in order (no speculative rows): sample the runner's logits in place (the step
+            # owns them) instead of gathering a copy (32 x 49152 fp32: 6 MB and ~1 ms a step at 32 streams)
+            rows = logits if idx == list(range(len(logits))) else logits[idx]
             failed.update((i, (reqs[i], e)) for i, e in masks.apply(rows, [q.request_id for _, q in plain]).items())
             picks = sample(rows, [req for _, req in plain])
             for (_, req), pick in zip(plain, picks, strict=True):
