@@ -74,6 +74,7 @@ class BatcherConfig:
     batching: bool = True  # False: every request runs alone (max_batch_size 0 models)
     retry_after_s: float = 1.0  # Retry-After advertised on a full queue's 503
     warmup_batches: tuple[tuple[int, float], ...] = ()  # (items, seconds) of warmup's batches: the first estimate
+    compute_nice: int = 0  # nice value of the batch and preprocess threads (headroom.core.compute_priority)
 
 
 class Batcher:
@@ -93,8 +94,8 @@ class Batcher:
         # The loop sleeps on one plain future (no Event, no asyncio.timeout per sleep): `_wake` resolves it, and a
         # policy's `wake_at_s` is one loop timer that calls `_wake`.
         self._sleeping: asyncio.Future[None] | None = None
-        self._executor = ThreadWorkers(config.instances, f"{name}-exec")
-        self._pre_executor = ThreadWorkers(2, f"{name}-pre")
+        self._executor = ThreadWorkers(config.instances, f"{name}-exec", nice=config.compute_nice)
+        self._pre_executor = ThreadWorkers(2, f"{name}-pre", nice=config.compute_nice)
         # A model whose preprocess only decodes (`cheap_preprocess = True`) runs it on the event loop.
         self._inline_preprocess = model.cheap_preprocess
         self._loop_task: asyncio.Task[None] | None = None

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from queue import SimpleQueue
 from typing import Any, TypeVar
 
+from headroom.core.compute_priority import lower_current_thread
+
 T = TypeVar("T")
 
 _Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
@@ -27,7 +29,7 @@ _Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., An
 class ThreadWorkers:
     """`threads` named threads running calls submitted from an event loop, taken in submission order."""
 
-    def __init__(self, threads: int, name: str) -> None:
+    def __init__(self, threads: int, name: str, nice: int = 0) -> None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self._max_threads = threads
@@ -35,6 +37,7 @@ class ThreadWorkers:
         self._calls: SimpleQueue[_Call | None] = SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._nice = nice  # each thread lowers its own priority to this first (headroom.core.compute_priority)
 
     def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Run `fn(*args)` on a worker thread; the returned future (on the running loop) gets its result."""
@@ -60,6 +63,7 @@ class ThreadWorkers:
             thread.start()
 
     def _work(self) -> None:
+        lower_current_thread(self._nice)
         while True:
             call = self._calls.get()
             if call is None:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from headroom.core.compute_priority import run_lowered
 from headroom.models.artifacts import ModelLoadError
 from headroom.models.backends import create_model
 from headroom.models.base import ColdStartStage, LoadContext, Model
@@ -148,10 +149,13 @@ class ModelRepository:
         stages: list[ColdStartStage] = []
         model = create_model(entry.config, f"{entry.directory / 'config.yaml'}")
         ctx = LoadContext(entry.config, version_dir, stages.append)
-        try:
+        def load_and_warm() -> tuple[tuple[int, float], ...]:
             model.load(ctx)
             with ctx.stage("warmup"):
-                runs = run_warmup(model)
+                return run_warmup(model)
+
+        try:  # in a thread at the model's compute priority: the runtime's thread pools are created there
+            runs = run_lowered(load_and_warm, entry.config.runtime.compute_nice, f"load-{entry.name}")
         except ModelLoadError:
             model.unload()
             raise

@@ -16,6 +16,9 @@
       # both
       intra_op_threads: 2              # onnxruntime intra-op threads / torch.set_num_threads (process-wide)
       cache_dir: ~/.cache/headroom     # root of the compiled-artifact caches (default $HEADROOM_CACHE_DIR)
+      compute_nice: 10                 # nice value of the model's threads (0-19; 0 = the event loop's priority):
+                                       # under overload the loop still admits, rejects and answers health checks
+                                       # (headroom.core.compute_priority)
 
 Values left out fall back to the backend's `parameters` (the older spelling of the onnxruntime knobs) and
 then to the defaults above. Validation raises ValueError naming the file and key.
@@ -29,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from headroom.core.compute_priority import DEFAULT_COMPUTE_NICE, check_nice
+
 TORCH_MODES = ("eager", "compile")
 TORCH_PRECISIONS = ("fp32", "bf16")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
@@ -36,7 +41,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "ma
 GRAPH_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 TORCH_KEYS = ("mode", "compile_backend", "compile_mode", "compile_dynamic", "compile_cache", "precision")
 ONNX_KEYS = ("graph_optimization_level", "inter_op_threads", "execution_provider", "optimized_model_cache")
-SHARED_KEYS = ("intra_op_threads", "cache_dir")
+SHARED_KEYS = ("intra_op_threads", "cache_dir", "compute_nice")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,7 @@ class RuntimeConfig:
     execution_provider: str = "CPUExecutionProvider"  # onnxruntime execution provider
     optimized_model_cache: bool = False  # onnxruntime: cache the optimized graph under cache_dir
     cache_dir: str = ""  # cache root; "" = $HEADROOM_CACHE_DIR or ~/.cache/headroom
+    compute_nice: int = DEFAULT_COMPUTE_NICE  # nice value of the model's load, batch and preprocess threads
 
     def cache_root(self) -> Path:
         """The directory compiled artifacts go under (created on first write, not here)."""
@@ -125,4 +131,5 @@ def parse_runtime(raw: Any, backend: str, where: str) -> RuntimeConfig:
         execution_provider=provider,
         optimized_model_cache=_bool(raw, "optimized_model_cache", False, where),
         cache_dir=cache_dir,
+        compute_nice=check_nice(raw.get("compute_nice", DEFAULT_COMPUTE_NICE), f"{where}.compute_nice"),
     )

@@ -103,7 +103,7 @@ class DataPlane:
             served.model,
             BatcherConfig(policy=policy_config(cfg), max_queue_size=cfg.batching.max_queue_size,
                           instances=cfg.instances, batching=cfg.max_batch_size > 0,
-                          warmup_batches=served.warmup_batches),
+                          warmup_batches=served.warmup_batches, compute_nice=cfg.runtime.compute_nice),
             self._clock,
             observer,
             name=served.name,
