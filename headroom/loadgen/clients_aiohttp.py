@@ -11,26 +11,22 @@ import aiohttp
 from headroom.core.clock import Clock
 from headroom.loadgen.clients import (
     ClientConfig,
+    HttpClient,
     SseCollector,
     encode_request,
     failure,
     is_streamed,
-    target_url,
     unary_reply,
 )
 from headroom.loadgen.records import ClientReply
 from headroom.loadgen.workloads import Sample
 
 
-class AiohttpClient:
+class AiohttpClient(HttpClient):
     """Every HTTP protocol (all but v2-grpc) over one aiohttp session, created on first use inside the loop."""
 
     def __init__(self, config: ClientConfig, clock: Clock) -> None:
-        if config.protocol == "v2-grpc":
-            raise ValueError("AiohttpClient does not speak v2-grpc; use make_client")
-        self._config = config
-        self._clock = clock
-        self._target = target_url(config)
+        super().__init__(config, clock)
         self._session: aiohttp.ClientSession | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:

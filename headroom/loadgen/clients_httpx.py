@@ -9,11 +9,11 @@ import httpx
 from headroom.core.clock import Clock
 from headroom.loadgen.clients import (
     ClientConfig,
+    HttpClient,
     SseCollector,
     encode_request,
     failure,
     is_streamed,
-    target_url,
     unary_reply,
 )
 from headroom.loadgen.records import ClientReply
@@ -60,16 +60,12 @@ class _ShardedPool:
         self._load.clear()
 
 
-class HttpxClient:
+class HttpxClient(HttpClient):
     """Every HTTP protocol (all but v2-grpc) over pooled httpx.AsyncClients."""
 
     def __init__(self, config: ClientConfig, clock: Clock) -> None:
-        if config.protocol == "v2-grpc":
-            raise ValueError("HttpxClient does not speak v2-grpc; use make_client")
-        self._config = config
-        self._clock = clock
+        super().__init__(config, clock)
         self._pool = _ShardedPool(config.timeout_s, config.max_connections)
-        self._target = target_url(config)
 
     async def aclose(self) -> None:
         await self._pool.aclose()

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,13 +230,9 @@ class RayReplicaManager(ScalingFleet[_RayReplica]):
     async def drain(self, replica_id: str) -> None:
         """Stop routing to it, SIGTERM through its actor (it finishes in-flight work), SIGKILL after
         drain_timeout_s, then kill the actor."""
-        r = self._replicas.get(replica_id)
-        if r is None or r.role == "draining":
+        r = self._begin_drain(replica_id)
+        if r is None:
             return
-        was_serving = r.role == "serving"
-        r.role = "draining"
-        if was_serving:
-            self._changed()
         code: int | None = None
         with contextlib.suppress(Exception):  # an actor lost with its node has nothing left to drain
             await r.actor.send_signal.remote(signal.SIGTERM)
@@ -248,13 +244,6 @@ class RayReplicaManager(ScalingFleet[_RayReplica]):
         await self._kill(r)
         self._replicas.pop(replica_id, None)
         self._event(f"drained {replica_id} (exit code {code})")
-
-    async def restart(self, replica_id: str) -> str:
-        """Start a replacement with the same role, then drain the old one (no capacity dip)."""
-        old = self._replicas[replica_id]
-        new = await self.start_replica("warm" if old.role == "warm" else "serving")
-        await self.drain(replica_id)
-        return new
 
     async def _kill(self, r: _RayReplica) -> None:
         import ray
@@ -290,16 +279,3 @@ class RayReplicaManager(ScalingFleet[_RayReplica]):
                 except ReplicaStartError as exc:
                     self._event(f"replacement for {r.replica_id} failed: {exc}")
             return
-
-    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def close(self) -> None:
-        """Drain every replica (in parallel), kill their actors and stop the watchers."""
-        self._closing = True
-        await asyncio.gather(*(self.drain(rid) for rid in list(self._replicas)), return_exceptions=True)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -144,6 +144,8 @@ class ScalingFleet(Generic[R]):
     _lock: asyncio.Lock
     events: list[str]  # human-readable scaling history (also logged)
     on_change: Callable[[tuple[Upstream, ...]], None] | None  # the router's replica table setter
+    _tasks: set[asyncio.Task[None]]  # the watchers this fleet owns
+    _closing: bool
 
     def serving(self) -> tuple[Upstream, ...]:
         raise NotImplementedError
@@ -164,6 +166,22 @@ class ScalingFleet(Generic[R]):
     def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change(self.serving())
+
+    def _begin_drain(self, replica_id: str) -> R | None:
+        """Mark the replica draining and stop routing to it; None when it is gone or already draining."""
+        r = self._replicas.get(replica_id)
+        if r is None or r.role == "draining":
+            return None
+        was_serving = r.role == "serving"
+        r.role = "draining"
+        if was_serving:
+            self._changed()
+        return r
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -------------------------------------------------------------------------------------- lifecycle
 
@@ -187,6 +205,21 @@ class ScalingFleet(Generic[R]):
         errors = [e for e in results if isinstance(e, BaseException)]
         if errors:
             raise errors[0]
+
+    async def restart(self, replica_id: str) -> str:
+        """Start a replacement with the same role, then drain the old one (no capacity dip)."""
+        old = self._replicas[replica_id]
+        new = await self.start_replica("warm" if old.role == "warm" else "serving")
+        await self.drain(replica_id)
+        return new
+
+    async def close(self) -> None:
+        """Drain every replica (in parallel; each drain ends its process) and stop the watchers."""
+        self._closing = True
+        await asyncio.gather(*(self.drain(rid) for rid in list(self._replicas)), return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 class LocalReplicaManager(ScalingFleet[_Replica]):
@@ -273,13 +306,9 @@ class LocalReplicaManager(ScalingFleet[_Replica]):
 
     async def drain(self, replica_id: str) -> None:
         """Stop routing to it, SIGTERM (it finishes in-flight work), SIGKILL after drain_timeout_s."""
-        r = self._replicas.get(replica_id)
-        if r is None or r.role == "draining":
+        r = self._begin_drain(replica_id)
+        if r is None:
             return
-        was_serving = r.role == "serving"
-        r.role = "draining"
-        if was_serving:
-            self._changed()
         if r.proc.returncode is None:
             r.proc.send_signal(signal.SIGTERM)
             try:
@@ -289,13 +318,6 @@ class LocalReplicaManager(ScalingFleet[_Replica]):
                 await self._kill(r)
         self._replicas.pop(replica_id, None)
         self._event(f"drained {replica_id} (exit code {r.proc.returncode})")
-
-    async def restart(self, replica_id: str) -> str:
-        """Start a replacement with the same role, then drain the old one (no capacity dip)."""
-        old = self._replicas[replica_id]
-        new = await self.start_replica("warm" if old.role == "warm" else "serving")
-        await self.drain(replica_id)
-        return new
 
     async def _kill(self, r: _Replica) -> None:
         if r.proc.returncode is None:
@@ -314,16 +336,3 @@ class LocalReplicaManager(ScalingFleet[_Replica]):
         if self.config.restart_on_exit:
             with contextlib.suppress(ReplicaStartError):
                 await self.start_replica(role)
-
-    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def close(self) -> None:
-        """Drain every replica (in parallel) and stop the watchers."""
-        self._closing = True
-        await asyncio.gather(*(self.drain(rid) for rid in list(self._replicas)), return_exceptions=True)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
