@@ -262,6 +262,10 @@ class HttpClient:
         self._clock = clock
         self._target = target_url(config)
 
+    def _failure(self, status: str, sent_s: float, error: str) -> ClientReply:
+        """A client-side failure of a request sent at `sent_s`, ending now."""
+        return failure(status, sent_s, self._clock.now_s(), error)
+
 
 def make_client(config: ClientConfig, clock: Clock) -> ProtocolClient:
     """The client for `config.protocol` (and, for HTTP, `config.http_client`)."""

@@ -9,15 +9,7 @@ from __future__ import annotations
 import aiohttp
 
 from headroom.core.clock import Clock
-from headroom.loadgen.clients import (
-    ClientConfig,
-    HttpClient,
-    SseCollector,
-    encode_request,
-    failure,
-    is_streamed,
-    unary_reply,
-)
+from headroom.loadgen.clients import ClientConfig, HttpClient, SseCollector, encode_request, is_streamed, unary_reply
 from headroom.loadgen.records import ClientReply
 from headroom.loadgen.workloads import Sample
 
@@ -58,8 +50,8 @@ class AiohttpClient(HttpClient):
                         break
                 return sse.reply(sent_s, self._clock.now_s(), timing)
         except TimeoutError as exc:
-            return failure("timeout", sent_s, self._clock.now_s(), f"timed out: {exc!r}")
+            return self._failure("timeout", sent_s, f"timed out: {exc!r}")
         except aiohttp.ClientConnectorError as exc:
-            return failure("connect_error", sent_s, self._clock.now_s(), f"cannot connect: {exc!r}")
+            return self._failure("connect_error", sent_s, f"cannot connect: {exc!r}")
         except (aiohttp.ClientError, ValueError) as exc:
-            return failure("error", sent_s, self._clock.now_s(), repr(exc))
+            return self._failure("error", sent_s, repr(exc))

@@ -7,15 +7,7 @@ import ssl
 import httpx
 
 from headroom.core.clock import Clock
-from headroom.loadgen.clients import (
-    ClientConfig,
-    HttpClient,
-    SseCollector,
-    encode_request,
-    failure,
-    is_streamed,
-    unary_reply,
-)
+from headroom.loadgen.clients import ClientConfig, HttpClient, SseCollector, encode_request, is_streamed, unary_reply
 from headroom.loadgen.records import ClientReply
 from headroom.loadgen.workloads import Sample
 
@@ -87,11 +79,11 @@ class HttpxClient(HttpClient):
                 resp.content,
             )
         except httpx.TimeoutException as exc:
-            return failure("timeout", sent_s, self._clock.now_s(), f"timed out: {exc!r}")
+            return self._failure("timeout", sent_s, f"timed out: {exc!r}")
         except httpx.ConnectError as exc:
-            return failure("connect_error", sent_s, self._clock.now_s(), f"cannot connect: {exc!r}")
+            return self._failure("connect_error", sent_s, f"cannot connect: {exc!r}")
         except (httpx.HTTPError, ValueError) as exc:
-            return failure("error", sent_s, self._clock.now_s(), repr(exc))
+            return self._failure("error", sent_s, repr(exc))
         finally:
             self._pool.release(shard)
 

@@ -24,10 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from headroom.router.ray_cluster import RayCommandFactory, ReplicaProcess
-from headroom.router.replicas import ReplicaStartError, ScalingFleet
+from headroom.router.replicas import ReplicaStartError, ScalingFleet, wait_ready
 from headroom.router.upstream import Upstream
 
 log = logging.getLogger("headroom.ray_replicas")
@@ -205,21 +203,13 @@ class RayReplicaManager(ScalingFleet[_RayReplica]):
         return options
 
     async def _wait_ready(self, r: _RayReplica, t0: float) -> tuple[float, float]:
-        base = f"http://{r.host}:{r.port}"
-        listening_s: float | None = None
-        async with httpx.AsyncClient(timeout=1.0) as client:
-            while True:
-                code = await r.actor.poll.remote()
-                if code is not None:
-                    raise ReplicaStartError(f"{r.replica_id} exited with code {code} before it was ready; its "
-                                            f"log on node {r.node_ip} ends with:\n{await self._log_tail(r)}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if listening_s is None:
-                        await client.get(base + "/v2/health/live")
-                        listening_s = time.monotonic() - t0
-                    if (await client.get(base + "/v2/health/ready")).status_code == 200:
-                        return listening_s, time.monotonic() - t0
-                await asyncio.sleep(self.config.poll_interval_s)
+        async def check() -> None:
+            code = await r.actor.poll.remote()
+            if code is not None:
+                raise ReplicaStartError(f"{r.replica_id} exited with code {code} before it was ready; its "
+                                        f"log on node {r.node_ip} ends with:\n{await self._log_tail(r)}")
+
+        return await wait_ready(f"http://{r.host}:{r.port}", t0, self.config.poll_interval_s, check)
 
     async def _log_tail(self, r: _RayReplica) -> str:
         try:

@@ -16,7 +16,7 @@ import signal
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -110,6 +110,26 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+async def wait_ready(base: str, t0: float, poll_interval_s: float,
+                     check: Callable[[], Awaitable[None]]) -> tuple[float, float]:
+    """Poll a starting replica's health at `base` until ready: (seconds from `t0` to listening, to ready).
+
+    `check` runs before each probe and gives up by raising ReplicaStartError (the replica exited, or a deadline
+    passed); without that this waits for ever.
+    """
+    listening_s: float | None = None
+    async with httpx.AsyncClient(timeout=1.0) as client:
+        while True:
+            await check()
+            with contextlib.suppress(httpx.HTTPError):
+                if listening_s is None:
+                    await client.get(base + "/v2/health/live")
+                    listening_s = time.monotonic() - t0
+                if (await client.get(base + "/v2/health/ready")).status_code == 200:
+                    return listening_s, time.monotonic() - t0
+            await asyncio.sleep(poll_interval_s)
 
 
 class _Replica:
@@ -280,22 +300,15 @@ class LocalReplicaManager(ScalingFleet[_Replica]):
         return rid
 
     async def _wait_ready(self, r: _Replica, t0: float) -> tuple[float, float]:
-        base = f"http://{self.config.host}:{r.port}"
-        listening_s: float | None = None
-        async with httpx.AsyncClient(timeout=1.0) as client:
-            while time.monotonic() - t0 < self.config.start_timeout_s:
-                if r.proc.returncode is not None:
-                    raise ReplicaStartError(f"{r.replica_id} exited with code {r.proc.returncode} before it was "
-                                            f"ready; its log ({r.log_path}) ends with:\n{self._tail(r)}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if listening_s is None:
-                        await client.get(base + "/v2/health/live")
-                        listening_s = time.monotonic() - t0
-                    if (await client.get(base + "/v2/health/ready")).status_code == 200:
-                        return listening_s, time.monotonic() - t0
-                await asyncio.sleep(self.config.poll_interval_s)
-        raise ReplicaStartError(f"{r.replica_id} was not ready within {self.config.start_timeout_s} s "
-                                f"(raise start_timeout_s for slow model loads); log tail:\n{self._tail(r)}")
+        async def check() -> None:
+            if time.monotonic() - t0 >= self.config.start_timeout_s:
+                raise ReplicaStartError(f"{r.replica_id} was not ready within {self.config.start_timeout_s} s "
+                                        f"(raise start_timeout_s for slow model loads); log tail:\n{self._tail(r)}")
+            if r.proc.returncode is not None:
+                raise ReplicaStartError(f"{r.replica_id} exited with code {r.proc.returncode} before it was "
+                                        f"ready; its log ({r.log_path}) ends with:\n{self._tail(r)}")
+
+        return await wait_ready(f"http://{self.config.host}:{r.port}", t0, self.config.poll_interval_s, check)
 
     @staticmethod
     def _tail(r: _Replica, lines: int = 20) -> str:
