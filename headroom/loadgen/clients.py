@@ -190,30 +190,22 @@ def unary_reply(
     config: ClientConfig, status: int, sent_s: float, end_s: float, timing_headers: list[str], body: bytes
 ) -> ClientReply:
     """A ClientReply for a non-streamed response (usage read from OpenAI bodies)."""
-    timing = parse_server_timing(timing_headers)
-    if status // 100 != 2:
-        return ClientReply(
-            ok=False,
-            status=str(status),
-            sent_s=sent_s,
-            end_s=end_s,
-            server_timing_ms=timing,
-            error=body[:200].decode("utf-8", "replace"),
-        )
+    ok = status // 100 == 2
     output_tokens = input_tokens = 0
-    if config.protocol in ("openai-chat", "openai-completions", "openai-embeddings"):
+    if ok and config.protocol in ("openai-chat", "openai-completions", "openai-embeddings"):
         parsed = orjson.loads(body)
         usage = (parsed.get("usage") if isinstance(parsed, dict) else None) or {}
         output_tokens = int(usage.get("completion_tokens") or 0)
         input_tokens = int(usage.get("prompt_tokens") or 0)
     return ClientReply(
-        ok=True,
+        ok=ok,
         status=str(status),
         sent_s=sent_s,
         end_s=end_s,
         output_tokens=output_tokens,
         input_tokens=input_tokens,
-        server_timing_ms=timing,
+        server_timing_ms=parse_server_timing(timing_headers),
+        error="" if ok else body[:200].decode("utf-8", "replace"),
     )
 
 
@@ -258,6 +250,21 @@ class SseCollector:
 def failure(status: str, sent_s: float, end_s: float, error: str) -> ClientReply:
     """A client-side failure (timeout, refused connection, bad body)."""
     return ClientReply(ok=False, status=status, sent_s=sent_s, end_s=end_s, error=error[:200])
+
+
+class HttpClient:
+    """What the HTTP clients share: every protocol but v2-grpc, posted to one target URL."""
+
+    def __init__(self, config: ClientConfig, clock: Clock) -> None:
+        if config.protocol == "v2-grpc":
+            raise ValueError(f"{type(self).__name__} does not speak v2-grpc; use make_client")
+        self._config = config
+        self._clock = clock
+        self._target = target_url(config)
+
+    def _failure(self, status: str, sent_s: float, error: str) -> ClientReply:
+        """A client-side failure of a request sent at `sent_s`, ending now."""
+        return failure(status, sent_s, self._clock.now_s(), error)
 
 
 def make_client(config: ClientConfig, clock: Clock) -> ProtocolClient:

@@ -9,28 +9,16 @@ from __future__ import annotations
 import aiohttp
 
 from headroom.core.clock import Clock
-from headroom.loadgen.clients import (
-    ClientConfig,
-    SseCollector,
-    encode_request,
-    failure,
-    is_streamed,
-    target_url,
-    unary_reply,
-)
+from headroom.loadgen.clients import ClientConfig, HttpClient, SseCollector, encode_request, is_streamed, unary_reply
 from headroom.loadgen.records import ClientReply
 from headroom.loadgen.workloads import Sample
 
 
-class AiohttpClient:
+class AiohttpClient(HttpClient):
     """Every HTTP protocol (all but v2-grpc) over one aiohttp session, created on first use inside the loop."""
 
     def __init__(self, config: ClientConfig, clock: Clock) -> None:
-        if config.protocol == "v2-grpc":
-            raise ValueError("AiohttpClient does not speak v2-grpc; use make_client")
-        self._config = config
-        self._clock = clock
-        self._target = target_url(config)
+        super().__init__(config, clock)
         self._session: aiohttp.ClientSession | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
@@ -62,8 +50,8 @@ class AiohttpClient:
                         break
                 return sse.reply(sent_s, self._clock.now_s(), timing)
         except TimeoutError as exc:
-            return failure("timeout", sent_s, self._clock.now_s(), f"timed out: {exc!r}")
+            return self._failure("timeout", sent_s, f"timed out: {exc!r}")
         except aiohttp.ClientConnectorError as exc:
-            return failure("connect_error", sent_s, self._clock.now_s(), f"cannot connect: {exc!r}")
+            return self._failure("connect_error", sent_s, f"cannot connect: {exc!r}")
         except (aiohttp.ClientError, ValueError) as exc:
-            return failure("error", sent_s, self._clock.now_s(), repr(exc))
+            return self._failure("error", sent_s, repr(exc))

@@ -7,15 +7,7 @@ import ssl
 import httpx
 
 from headroom.core.clock import Clock
-from headroom.loadgen.clients import (
-    ClientConfig,
-    SseCollector,
-    encode_request,
-    failure,
-    is_streamed,
-    target_url,
-    unary_reply,
-)
+from headroom.loadgen.clients import ClientConfig, HttpClient, SseCollector, encode_request, is_streamed, unary_reply
 from headroom.loadgen.records import ClientReply
 from headroom.loadgen.workloads import Sample
 
@@ -60,16 +52,12 @@ class _ShardedPool:
         self._load.clear()
 
 
-class HttpxClient:
+class HttpxClient(HttpClient):
     """Every HTTP protocol (all but v2-grpc) over pooled httpx.AsyncClients."""
 
     def __init__(self, config: ClientConfig, clock: Clock) -> None:
-        if config.protocol == "v2-grpc":
-            raise ValueError("HttpxClient does not speak v2-grpc; use make_client")
-        self._config = config
-        self._clock = clock
+        super().__init__(config, clock)
         self._pool = _ShardedPool(config.timeout_s, config.max_connections)
-        self._target = target_url(config)
 
     async def aclose(self) -> None:
         await self._pool.aclose()
@@ -91,11 +79,11 @@ class HttpxClient:
                 resp.content,
             )
         except httpx.TimeoutException as exc:
-            return failure("timeout", sent_s, self._clock.now_s(), f"timed out: {exc!r}")
+            return self._failure("timeout", sent_s, f"timed out: {exc!r}")
         except httpx.ConnectError as exc:
-            return failure("connect_error", sent_s, self._clock.now_s(), f"cannot connect: {exc!r}")
+            return self._failure("connect_error", sent_s, f"cannot connect: {exc!r}")
         except (httpx.HTTPError, ValueError) as exc:
-            return failure("error", sent_s, self._clock.now_s(), repr(exc))
+            return self._failure("error", sent_s, repr(exc))
         finally:
             self._pool.release(shard)
 

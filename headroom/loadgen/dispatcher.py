@@ -15,6 +15,7 @@ sample to finish. Every request task lives in one TaskGroup, so cancelling the r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -167,21 +168,8 @@ async def run_open_loop(
 
 def _rebase(record: RequestRecord, t0_s: float) -> RequestRecord:
     """Express a record's clock times as offsets from the run's start."""
-    return RequestRecord(
-        index=record.index,
-        intended_s=record.intended_s - t0_s,
-        sent_s=record.sent_s - t0_s,
-        end_s=record.end_s - t0_s,
-        ok=record.ok,
-        status=record.status,
-        latency_s=record.latency_s,
-        ttft_s=record.ttft_s,
-        tpot_s=record.tpot_s,
-        itl_s=record.itl_s,
-        output_tokens=record.output_tokens,
-        input_tokens=record.input_tokens,
-        server_timing_ms=record.server_timing_ms,
-        error=record.error,
+    return dataclasses.replace(
+        record, intended_s=record.intended_s - t0_s, sent_s=record.sent_s - t0_s, end_s=record.end_s - t0_s
     )
 
 

@@ -143,29 +143,26 @@ def stages_figure(stages: dict[str, dict[str, float]], title: str = "Server-Timi
     return fig
 
 
+def _add_labelled_points(fig: Any, points: Sequence[ParetoPoint], mode: str, name: str, **style: str) -> None:
+    """One trace of (throughput, p99) points, each labelled with its run's label."""
+    fig.add_scatter(
+        x=[p.throughput_per_s for p in points],
+        y=[p.p99_ms for p in points],
+        mode=mode,
+        text=[p.label for p in points],
+        textposition="top right",
+        name=name,
+        **style,
+    )
+
+
 def pareto_figure(points: Sequence[ParetoPoint], title: str = "Latency-throughput Pareto frontier") -> Any:
     go = _go()
     fig = go.Figure()
     front = sorted((p for p in points if p.on_frontier), key=lambda p: p.throughput_per_s)
     rest = [p for p in points if not p.on_frontier]
-    fig.add_scatter(
-        x=[p.throughput_per_s for p in rest],
-        y=[p.p99_ms for p in rest],
-        mode="markers+text",
-        text=[p.label for p in rest],
-        textposition="top right",
-        marker_color="#999",
-        name="dominated",
-    )
-    fig.add_scatter(
-        x=[p.throughput_per_s for p in front],
-        y=[p.p99_ms for p in front],
-        mode="lines+markers+text",
-        text=[p.label for p in front],
-        textposition="top right",
-        line_color=GREEN,
-        name="frontier",
-    )
+    _add_labelled_points(fig, rest, "markers+text", "dominated", marker_color="#999")
+    _add_labelled_points(fig, front, "lines+markers+text", "frontier", line_color=GREEN)
     fig.update_layout(title=title, xaxis_title="throughput (requests/s)", yaxis_title="p99 latency (ms)")
     return fig
 

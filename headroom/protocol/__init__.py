@@ -6,27 +6,9 @@ Pure translation between bytes/protobufs and `headroom.core.types`; the HTTP app
 
 from __future__ import annotations
 
+from headroom.protocol import v2_http
 from headroom.protocol.classification import classify
-from headroom.protocol.http_request import HEADER_LENGTH, decode_infer_request, parse_header_length
-from headroom.protocol.http_response import (
-    encode_infer_response,
-    error_response,
-    model_metadata_json,
-    server_metadata_json,
-    server_timing,
-)
-from headroom.protocol.validation import batch_size_of, validate_against
+from headroom.protocol.v2_http import *  # noqa: F403 - the V2 HTTP codec; v2_http.__all__ names it
 
-__all__ = [
-    "HEADER_LENGTH",
-    "batch_size_of",
-    "classify",
-    "decode_infer_request",
-    "encode_infer_response",
-    "error_response",
-    "model_metadata_json",
-    "parse_header_length",
-    "server_metadata_json",
-    "server_timing",
-    "validate_against",
-]
+__all__ = ["classify"]
+__all__ += v2_http.__all__

@@ -91,15 +91,23 @@ class AppArgs(BaseModel):
         return AutoscalerConfig(min_replicas=self.min_replicas, max_replicas=self.max_replicas, warm_pool=0)
 
 
-def models_deployment_options(spec: ServeAppSpec, autoscaler: AutoscalerConfig | None) -> dict[str, Any]:
-    """`serve.deployment` options of the model replicas: capacity, CPUs, replicas or autoscaling, router."""
-    options: dict[str, Any] = {"name": MODELS_DEPLOYMENT, "max_ongoing_requests": spec.replica_capacity,
-                               "ray_actor_options": {"num_cpus": spec.replica_num_cpus},
+def _replica_options(spec: ServeAppSpec, name: str, capacity: int, num_cpus: float, replicas: int,
+                     autoscaler: AutoscalerConfig | None) -> dict[str, Any]:
+    """Options both replica deployments share: `replicas` fixed, or autoscaled by `autoscaler` from it."""
+    options: dict[str, Any] = {"name": name, "max_ongoing_requests": capacity,
+                               "ray_actor_options": {"num_cpus": num_cpus},
                                "graceful_shutdown_timeout_s": spec.drain_timeout_s}
     if autoscaler is None:
-        options["num_replicas"] = spec.replicas
+        options["num_replicas"] = replicas
     else:
-        options["autoscaling_config"] = serve_autoscaling(autoscaler, spec.replica_capacity, spec.replicas).as_dict()
+        options["autoscaling_config"] = serve_autoscaling(autoscaler, capacity, replicas).as_dict()
+    return options
+
+
+def models_deployment_options(spec: ServeAppSpec, autoscaler: AutoscalerConfig | None) -> dict[str, Any]:
+    """`serve.deployment` options of the model replicas: capacity, CPUs, replicas or autoscaling, router."""
+    options = _replica_options(spec, MODELS_DEPLOYMENT, spec.replica_capacity, spec.replica_num_cpus, spec.replicas,
+                               autoscaler)
     if spec.router != SERVE_DEFAULT_ROUTER:
         options["request_router_config"] = {"request_router_class": ROUTER_CLASS_PATH,
                                             "request_router_kwargs": {"policy": spec.router}}
@@ -110,14 +118,8 @@ def llm_deployment_options(spec: ServeAppSpec, autoscaler: AutoscalerConfig | No
     """`serve.deployment` options of the LLM replicas (headroom's router: `prefix` keeps a prompt's prefix, and
     so its KV blocks, on one replica): `llm_replicas`, or with `autoscaler` (the model deployment's policy) an
     `autoscaling_config` for `llm_capacity` between `llm_min_replicas` and `llm_max_replicas`."""
-    options: dict[str, Any] = {"name": LLM_DEPLOYMENT, "max_ongoing_requests": spec.llm_capacity,
-                               "ray_actor_options": {"num_cpus": spec.llm_num_cpus},
-                               "graceful_shutdown_timeout_s": spec.drain_timeout_s}
-    if autoscaler is None:
-        options["num_replicas"] = spec.llm_replicas
-    else:
-        policy = with_bounds(autoscaler, spec.llm_min_replicas, spec.llm_max_replicas)
-        options["autoscaling_config"] = serve_autoscaling(policy, spec.llm_capacity, spec.llm_replicas).as_dict()
+    policy = None if autoscaler is None else with_bounds(autoscaler, spec.llm_min_replicas, spec.llm_max_replicas)
+    options = _replica_options(spec, LLM_DEPLOYMENT, spec.llm_capacity, spec.llm_num_cpus, spec.llm_replicas, policy)
     if spec.router != SERVE_DEFAULT_ROUTER:
         options["request_router_config"] = {"request_router_class": ROUTER_CLASS_PATH,
                                             "request_router_kwargs": {"policy": spec.router}}

@@ -20,14 +20,12 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from headroom.router.ray_cluster import RayCommandFactory, ReplicaProcess
-from headroom.router.replicas import ReplicaStartError, ScalingFleet
+from headroom.router.replicas import ReplicaStartError, ScalingFleet, wait_ready
 from headroom.router.upstream import Upstream
 
 log = logging.getLogger("headroom.ray_replicas")
@@ -205,21 +203,13 @@ class RayReplicaManager(ScalingFleet[_RayReplica]):
         return options
 
     async def _wait_ready(self, r: _RayReplica, t0: float) -> tuple[float, float]:
-        base = f"http://{r.host}:{r.port}"
-        listening_s: float | None = None
-        async with httpx.AsyncClient(timeout=1.0) as client:
-            while True:
-                code = await r.actor.poll.remote()
-                if code is not None:
-                    raise ReplicaStartError(f"{r.replica_id} exited with code {code} before it was ready; its "
-                                            f"log on node {r.node_ip} ends with:\n{await self._log_tail(r)}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if listening_s is None:
-                        await client.get(base + "/v2/health/live")
-                        listening_s = time.monotonic() - t0
-                    if (await client.get(base + "/v2/health/ready")).status_code == 200:
-                        return listening_s, time.monotonic() - t0
-                await asyncio.sleep(self.config.poll_interval_s)
+        async def check() -> None:
+            code = await r.actor.poll.remote()
+            if code is not None:
+                raise ReplicaStartError(f"{r.replica_id} exited with code {code} before it was ready; its "
+                                        f"log on node {r.node_ip} ends with:\n{await self._log_tail(r)}")
+
+        return await wait_ready(f"http://{r.host}:{r.port}", t0, self.config.poll_interval_s, check)
 
     async def _log_tail(self, r: _RayReplica) -> str:
         try:
@@ -230,13 +220,9 @@ class RayReplicaManager(ScalingFleet[_RayReplica]):
     async def drain(self, replica_id: str) -> None:
         """Stop routing to it, SIGTERM through its actor (it finishes in-flight work), SIGKILL after
         drain_timeout_s, then kill the actor."""
-        r = self._replicas.get(replica_id)
-        if r is None or r.role == "draining":
+        r = self._begin_drain(replica_id)
+        if r is None:
             return
-        was_serving = r.role == "serving"
-        r.role = "draining"
-        if was_serving:
-            self._changed()
         code: int | None = None
         with contextlib.suppress(Exception):  # an actor lost with its node has nothing left to drain
             await r.actor.send_signal.remote(signal.SIGTERM)
@@ -248,13 +234,6 @@ class RayReplicaManager(ScalingFleet[_RayReplica]):
         await self._kill(r)
         self._replicas.pop(replica_id, None)
         self._event(f"drained {replica_id} (exit code {code})")
-
-    async def restart(self, replica_id: str) -> str:
-        """Start a replacement with the same role, then drain the old one (no capacity dip)."""
-        old = self._replicas[replica_id]
-        new = await self.start_replica("warm" if old.role == "warm" else "serving")
-        await self.drain(replica_id)
-        return new
 
     async def _kill(self, r: _RayReplica) -> None:
         import ray
@@ -290,16 +269,3 @@ class RayReplicaManager(ScalingFleet[_RayReplica]):
                 except ReplicaStartError as exc:
                     self._event(f"replacement for {r.replica_id} failed: {exc}")
             return
-
-    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def close(self) -> None:
-        """Drain every replica (in parallel), kill their actors and stop the watchers."""
-        self._closing = True
-        await asyncio.gather(*(self.drain(rid) for rid in list(self._replicas)), return_exceptions=True)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -16,7 +16,7 @@ import signal
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -112,6 +112,26 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+async def wait_ready(base: str, t0: float, poll_interval_s: float,
+                     check: Callable[[], Awaitable[None]]) -> tuple[float, float]:
+    """Poll a starting replica's health at `base` until ready: (seconds from `t0` to listening, to ready).
+
+    `check` runs before each probe and gives up by raising ReplicaStartError (the replica exited, or a deadline
+    passed); without that this waits for ever.
+    """
+    listening_s: float | None = None
+    async with httpx.AsyncClient(timeout=1.0) as client:
+        while True:
+            await check()
+            with contextlib.suppress(httpx.HTTPError):
+                if listening_s is None:
+                    await client.get(base + "/v2/health/live")
+                    listening_s = time.monotonic() - t0
+                if (await client.get(base + "/v2/health/ready")).status_code == 200:
+                    return listening_s, time.monotonic() - t0
+            await asyncio.sleep(poll_interval_s)
+
+
 class _Replica:
     def __init__(self, replica_id: str, port: int, grpc_port: int, proc: asyncio.subprocess.Process,
                  log_path: Path, role: str) -> None:
@@ -144,6 +164,8 @@ class ScalingFleet(Generic[R]):
     _lock: asyncio.Lock
     events: list[str]  # human-readable scaling history (also logged)
     on_change: Callable[[tuple[Upstream, ...]], None] | None  # the router's replica table setter
+    _tasks: set[asyncio.Task[None]]  # the watchers this fleet owns
+    _closing: bool
 
     def serving(self) -> tuple[Upstream, ...]:
         raise NotImplementedError
@@ -164,6 +186,22 @@ class ScalingFleet(Generic[R]):
     def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change(self.serving())
+
+    def _begin_drain(self, replica_id: str) -> R | None:
+        """Mark the replica draining and stop routing to it; None when it is gone or already draining."""
+        r = self._replicas.get(replica_id)
+        if r is None or r.role == "draining":
+            return None
+        was_serving = r.role == "serving"
+        r.role = "draining"
+        if was_serving:
+            self._changed()
+        return r
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -------------------------------------------------------------------------------------- lifecycle
 
@@ -187,6 +225,21 @@ class ScalingFleet(Generic[R]):
         errors = [e for e in results if isinstance(e, BaseException)]
         if errors:
             raise errors[0]
+
+    async def restart(self, replica_id: str) -> str:
+        """Start a replacement with the same role, then drain the old one (no capacity dip)."""
+        old = self._replicas[replica_id]
+        new = await self.start_replica("warm" if old.role == "warm" else "serving")
+        await self.drain(replica_id)
+        return new
+
+    async def close(self) -> None:
+        """Drain every replica (in parallel; each drain ends its process) and stop the watchers."""
+        self._closing = True
+        await asyncio.gather(*(self.drain(rid) for rid in list(self._replicas)), return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 class LocalReplicaManager(ScalingFleet[_Replica]):
@@ -247,22 +300,15 @@ class LocalReplicaManager(ScalingFleet[_Replica]):
         return rid
 
     async def _wait_ready(self, r: _Replica, t0: float) -> tuple[float, float]:
-        base = f"http://{self.config.host}:{r.port}"
-        listening_s: float | None = None
-        async with httpx.AsyncClient(timeout=1.0) as client:
-            while time.monotonic() - t0 < self.config.start_timeout_s:
-                if r.proc.returncode is not None:
-                    raise ReplicaStartError(f"{r.replica_id} exited with code {r.proc.returncode} before it was "
-                                            f"ready; its log ({r.log_path}) ends with:\n{self._tail(r)}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if listening_s is None:
-                        await client.get(base + "/v2/health/live")
-                        listening_s = time.monotonic() - t0
-                    if (await client.get(base + "/v2/health/ready")).status_code == 200:
-                        return listening_s, time.monotonic() - t0
-                await asyncio.sleep(self.config.poll_interval_s)
-        raise ReplicaStartError(f"{r.replica_id} was not ready within {self.config.start_timeout_s} s "
-                                f"(raise start_timeout_s for slow model loads); log tail:\n{self._tail(r)}")
+        async def check() -> None:
+            if time.monotonic() - t0 >= self.config.start_timeout_s:
+                raise ReplicaStartError(f"{r.replica_id} was not ready within {self.config.start_timeout_s} s "
+                                        f"(raise start_timeout_s for slow model loads); log tail:\n{self._tail(r)}")
+            if r.proc.returncode is not None:
+                raise ReplicaStartError(f"{r.replica_id} exited with code {r.proc.returncode} before it was "
+                                        f"ready; its log ({r.log_path}) ends with:\n{self._tail(r)}")
+
+        return await wait_ready(f"http://{self.config.host}:{r.port}", t0, self.config.poll_interval_s, check)
 
     @staticmethod
     def _tail(r: _Replica, lines: int = 20) -> str:
@@ -273,13 +319,9 @@ class LocalReplicaManager(ScalingFleet[_Replica]):
 
     async def drain(self, replica_id: str) -> None:
         """Stop routing to it, SIGTERM (it finishes in-flight work), SIGKILL after drain_timeout_s."""
-        r = self._replicas.get(replica_id)
-        if r is None or r.role == "draining":
+        r = self._begin_drain(replica_id)
+        if r is None:
             return
-        was_serving = r.role == "serving"
-        r.role = "draining"
-        if was_serving:
-            self._changed()
         if r.proc.returncode is None:
             r.proc.send_signal(signal.SIGTERM)
             try:
@@ -289,13 +331,6 @@ class LocalReplicaManager(ScalingFleet[_Replica]):
                 await self._kill(r)
         self._replicas.pop(replica_id, None)
         self._event(f"drained {replica_id} (exit code {r.proc.returncode})")
-
-    async def restart(self, replica_id: str) -> str:
-        """Start a replacement with the same role, then drain the old one (no capacity dip)."""
-        old = self._replicas[replica_id]
-        new = await self.start_replica("warm" if old.role == "warm" else "serving")
-        await self.drain(replica_id)
-        return new
 
     async def _kill(self, r: _Replica) -> None:
         if r.proc.returncode is None:
@@ -314,16 +349,3 @@ class LocalReplicaManager(ScalingFleet[_Replica]):
         if self.config.restart_on_exit:
             with contextlib.suppress(ReplicaStartError):
                 await self.start_replica(role)
-
-    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def close(self) -> None:
-        """Drain every replica (in parallel) and stop the watchers."""
-        self._closing = True
-        await asyncio.gather(*(self.drain(rid) for rid in list(self._replicas)), return_exceptions=True)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -12,10 +12,11 @@ from collections.abc import AsyncIterator, Sequence
 
 import httpx
 import orjson
+import pytest
 
 from headroom.router.fake_replica import serve_asgi
 from headroom.router.proxy import ProxyConfig, Router
-from headroom.router.replicas import CommandFactory, LocalReplicaManager, ReplicaManagerConfig
+from headroom.router.replicas import CommandFactory, LocalReplicaManager, ReplicaManagerConfig, ReplicaStartError
 from tests.support.waiting import until
 
 INFER = "/v2/models/m/infer"
@@ -135,3 +136,27 @@ async def test_warm_pool_replicas_are_promoted_first() -> None:
         await wait_ready(router, 2)
         served_by = {(await client.post(INFER, content=b"{}")).headers["x-headroom-replica"] for _ in range(10)}
         assert warm[0] in served_by
+
+
+async def test_a_replica_that_exits_while_starting_is_reported_with_its_log() -> None:
+    def command(port: int, grpc_port: int) -> Sequence[str]:
+        return [sys.executable, "-c", "import sys; print('no model here'); sys.exit(3)"]
+
+    manager = LocalReplicaManager(command, ReplicaManagerConfig(start_timeout_s=60.0))
+    try:
+        with pytest.raises(ReplicaStartError, match=r"exited with code 3 before it was ready") as caught:
+            await manager.start_replica()
+        assert "no model here" in str(caught.value)
+        assert manager.serving() == ()
+    finally:
+        await manager.close()
+
+
+async def test_a_replica_not_ready_in_time_is_killed_and_reported() -> None:
+    manager = LocalReplicaManager(fake_command(0.0, ready_after_s=60.0), ReplicaManagerConfig(start_timeout_s=0.5))
+    try:
+        with pytest.raises(ReplicaStartError, match=r"was not ready within 0\.5 s"):
+            await manager.start_replica()
+        assert manager.serving() == () and manager.warm() == ()
+    finally:
+        await manager.close()

@@ -11,7 +11,6 @@ import dataclasses
 import hashlib
 import inspect
 import json
-import os
 import tempfile
 import time
 import warnings
@@ -27,6 +26,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from headroom.models.builtin import digits_net, digits_transform
+from headroom.models.builtin.build_record import install, is_current, read_record
 from headroom.models.builtin.digits_net import DigitsNet
 from headroom.models.builtin.digits_transform import to_model_input
 
@@ -141,13 +141,7 @@ def onnx_accuracy(path: Path, images: np.ndarray, labels: np.ndarray) -> float:
 def is_built(version_dir: Path, cfg: DigitsTrainingConfig | None = None) -> bool:
     """True when every artifact exists and build.json carries the current fingerprint."""
     cfg = cfg or DigitsTrainingConfig()
-    if not all((version_dir / name).is_file() for name in ARTIFACTS):
-        return False
-    try:
-        recorded = json.loads((version_dir / "build.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(recorded, dict) and recorded.get("fingerprint") == fingerprint(cfg)
+    return is_current(version_dir, ARTIFACTS, lambda: fingerprint(cfg))
 
 
 def build_digits(
@@ -163,7 +157,7 @@ def build_digits(
     digest = fingerprint(cfg)
     _, _, x_test, y_test = held_out_split(cfg)
     if not force and is_built(version_dir, cfg):
-        recorded = json.loads((version_dir / "build.json").read_text())
+        recorded = read_record(version_dir) or {}
         return DigitsBuildReport(
             version_dir, float(recorded["accuracy"]), len(y_test), True, time.monotonic() - start, digest
         )
@@ -183,7 +177,5 @@ def build_digits(
             "training": dataclasses.asdict(cfg),
             "torch": torch.__version__,
         }
-        (staging / "build.json").write_text(json.dumps(record, indent=2) + "\n")
-        for name in ARTIFACTS:  # build.json last: it is what marks the version as built
-            os.replace(staging / name, version_dir / name)
+        install(staging, version_dir, ARTIFACTS, record)
     return DigitsBuildReport(version_dir, accuracy, len(y_test), False, time.monotonic() - start, digest)

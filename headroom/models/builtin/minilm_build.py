@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
-import os
 import tempfile
 import time
 import warnings
@@ -22,6 +20,7 @@ import onnxruntime as ort
 import torch
 from transformers import BertModel
 
+from headroom.models.builtin.build_record import install, is_current, read_record
 from headroom.models.builtin.minilm import DEFAULT_MAX_SEQ_LENGTH, load_tokenizer, mean_pool_normalise
 from headroom.models.builtin.minilm_torch import load_bert
 
@@ -68,13 +67,7 @@ def fingerprint(weights_dir: Path) -> str:
 
 def is_built(version_dir: Path, weights_dir: Path) -> bool:
     """True when model.onnx exists and build.json carries the current fingerprint."""
-    if not all((version_dir / name).is_file() for name in ARTIFACTS):
-        return False
-    try:
-        recorded = json.loads((version_dir / "build.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(recorded, dict) and recorded.get("fingerprint") == fingerprint(weights_dir)
+    return is_current(version_dir, ARTIFACTS, lambda: fingerprint(weights_dir))
 
 
 def _embeddings(session: ort.InferenceSession | None, bert: BertModel, weights_dir: Path) -> np.ndarray:
@@ -96,7 +89,7 @@ def build_minilm_onnx(version_dir: Path, weights_dir: Path, *, force: bool = Fal
     start = time.monotonic()
     digest = fingerprint(weights_dir)
     if not force and is_built(version_dir, weights_dir):
-        recorded = json.loads((version_dir / "build.json").read_text())
+        recorded = read_record(version_dir) or {}
         error = float(recorded["max_abs_error"])
         return MiniLMBuildReport(version_dir, error, True, time.monotonic() - start, digest)
     bert = load_bert(weights_dir)
@@ -125,7 +118,5 @@ def build_minilm_onnx(version_dir: Path, weights_dir: Path, *, force: bool = Fal
         if error > MAX_EXPORT_ERROR:
             raise RuntimeError(f"minilm: the ONNX export differs from torch by {error:.2e}; not installing it")
         record = {"fingerprint": digest, "max_abs_error": error, "opset": OPSET, "torch": torch.__version__}
-        (staging / "build.json").write_text(json.dumps(record, indent=2) + "\n")
-        for name in ARTIFACTS:  # build.json last: it marks the version as built
-            os.replace(staging / name, version_dir / name)
+        install(staging, version_dir, ARTIFACTS, record)
     return MiniLMBuildReport(version_dir, error, False, time.monotonic() - start, digest)
