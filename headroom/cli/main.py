@@ -127,11 +127,14 @@ def _root() -> None:
     """Serve models within their latency SLOs, load-test them, and plan the hardware a load needs."""
 
 
-#: OpenMP threads that sleep at barriers instead of spinning. The LLM step runs ~330 barriers; with spinning
-#: threads (libgomp's default) a 2-thread step on a 2-core machine that also runs the event loop or a load
-#: generator took 818 ms instead of 22.5 ms (docs/native_kernels.md). Read when libgomp loads (with torch), so
-#: it is set before any subcommand is imported; a value the user exported wins.
-OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+#: OpenMP barriers spin briefly, then sleep. The LLM step meets at ~150 barriers per decode step: with pure
+#: sleeping barriers (PASSIVE alone) each is a futex wake-up and a 2-thread batch-1 step took 10.4 ms on a quiet
+#: 2-core Xeon; with a bounded spin of 20,000 rounds first it took 5.9 ms (one-stream TPOT served 10.8 -> 6.2-8.1
+#: ms). Unbounded spinning (libgomp's ACTIVE) collapsed a loaded 2-core box (818 ms per step); under a 2-process
+#: CPU hog the bounded spin costs ~0-5% with the thread tuner (num_threads: 0), which then drops to 1 thread
+#: (docs/native_kernels.md, "Barriers"). Read when libgomp loads, so it is set before any subcommand is
+#: imported; a value the user exported wins (GOMP_SPINCOUNT=0: sleep at once).
+OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "20000"}
 
 
 def main() -> None:
