@@ -46,6 +46,24 @@ class Gauges:
         self.seen.append((self.steps(), num_running, num_waiting, kv_cache_usage))
 
 
+async def _second_joins(async_engine: AsyncLLMEngine, queued: threading.Event, first: tuple[str, list[int]],
+                        second: tuple[str, list[int]]) -> tuple[Any, Any]:
+    """Start ``first``, then queue ``second`` and set ``queued``: the gated runner holds every step that carries the
+    first request alone until then, so the first cannot finish all its tokens before the second joins it (on a
+    loaded machine the fake runner's 200 steps can outrun the event loop)."""
+    one = await async_engine.generate(first[0], first[1], LONG)
+    joining = asyncio.create_task(async_engine.generate(second[0], second[1], LONG))
+    await asyncio.sleep(0)  # the task runs first (FIFO) up to its admission wait: its request is queued now
+    queued.set()
+    return one, await joining
+
+
+def _hold_until_joined(batch: ModelBatch, queued: threading.Event) -> None:
+    """A step of one request waits (on the step thread) until the second request has been queued."""
+    if len(batch.items) == 1 and not queued.is_set():
+        queued.wait(WAIT_S)
+
+
 def _started(runner: Any) -> tuple[LLMEngine, AsyncLLMEngine, Gauges]:
     """An engine over the (gated) fake runner, recording its gauges, with its step thread started."""
     gauges = Gauges(lambda: len(runner.batches))
@@ -60,9 +78,11 @@ async def test_a_stream_closed_during_a_step_is_aborted_at_that_steps_end(fake_r
     runner = fake_runner(64, vocab_size=50)
     execute = runner.execute
     entered, release, progressed = threading.Event(), threading.Event(), threading.Event()
+    queued = threading.Event()
     steps_after: list[int] = []  # set to the step count to wait for
 
     def gated(batch: ModelBatch) -> np.ndarray:
+        _hold_until_joined(batch, queued)
         # hold the first step that runs both requests: the step in flight when the client goes away
         if not entered.is_set() and {it.request_id for it in batch.items} >= {"gone", "stays"}:
             entered.set()
@@ -76,8 +96,7 @@ async def test_a_stream_closed_during_a_step_is_aborted_at_that_steps_end(fake_r
     engine, async_engine, gauges = _started(runner)
     stays = None
     try:
-        gone = await async_engine.generate("gone", [1, 2, 3], LONG)
-        stays = await async_engine.generate("stays", [4, 5, 6], LONG)
+        gone, stays = await _second_joins(async_engine, queued, ("gone", [1, 2, 3]), ("stays", [4, 5, 6]))
         assert await asyncio.to_thread(entered.wait, WAIT_S)
         held_step = len(runner.batches)  # the held step has not called the fake's execute yet
         await gone.aclose()  # type: ignore[attr-defined]  # the client left mid-step: the abort is queued
@@ -104,9 +123,10 @@ async def test_a_step_whose_requests_were_all_closed_is_cancelled(fake_runner: C
     are dropped, and both requests' blocks are freed with the gauges at zero, without another step."""
     runner = fake_runner(64, vocab_size=50)
     execute = runner.execute
-    entered, release = threading.Event(), threading.Event()
+    entered, release, queued = threading.Event(), threading.Event(), threading.Event()
 
     def cancellable(batch: ModelBatch) -> np.ndarray:
+        _hold_until_joined(batch, queued)
         if not entered.is_set() and {it.request_id for it in batch.items} >= {"a", "b"}:
             entered.set()
             release.wait(WAIT_S)
@@ -118,8 +138,7 @@ async def test_a_step_whose_requests_were_all_closed_is_cancelled(fake_runner: C
     runner.execute = cancellable
     engine, async_engine, gauges = _started(runner)
     try:
-        a = await async_engine.generate("a", [1, 2, 3], LONG)
-        b = await async_engine.generate("b", [4, 5, 6, 7, 8], LONG)
+        a, b = await _second_joins(async_engine, queued, ("a", [1, 2, 3]), ("b", [4, 5, 6, 7, 8]))
         assert await asyncio.to_thread(entered.wait, WAIT_S)
         held_step = len(runner.batches)
         await a.aclose()  # type: ignore[attr-defined]
