@@ -99,7 +99,7 @@ async def test_a_stream_closed_during_a_step_is_aborted_at_that_steps_end(fake_r
         gone, stays = await _second_joins(async_engine, queued, ("gone", [1, 2, 3]), ("stays", [4, 5, 6]))
         assert await asyncio.to_thread(entered.wait, WAIT_S)
         held_step = len(runner.batches)  # the held step has not called the fake's execute yet
-        await gone.aclose()  # type: ignore[attr-defined]  # the client left mid-step: the abort is queued
+        await gone.aclose()  # the client left mid-step: the abort is queued
         steps_after.append(held_step + 4)
         release.set()
         assert await asyncio.to_thread(progressed.wait, WAIT_S)  # the survivor went on for 3 more steps
@@ -112,7 +112,7 @@ async def test_a_stream_closed_during_a_step_is_aborted_at_that_steps_end(fake_r
     finally:
         release.set()
         if stays is not None:
-            await stays.aclose()  # type: ignore[attr-defined]
+            await stays.aclose()
         await async_engine.stop()
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
 
@@ -141,9 +141,9 @@ async def test_a_step_whose_requests_were_all_closed_is_cancelled(fake_runner: C
         a, b = await _second_joins(async_engine, queued, ("a", [1, 2, 3]), ("b", [4, 5, 6, 7, 8]))
         assert await asyncio.to_thread(entered.wait, WAIT_S)
         held_step = len(runner.batches)
-        await a.aclose()  # type: ignore[attr-defined]
+        await a.aclose()
         assert not engine.cancel.requested  # "b" still wants this step
-        await b.aclose()  # type: ignore[attr-defined]
+        await b.aclose()
         assert engine.cancel.requested  # nobody does any more
         release.set()
         await until(async_engine.idle, "the aborts to be handled")
