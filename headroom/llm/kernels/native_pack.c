@@ -133,19 +133,45 @@ __attribute__((always_inline)) T_VNNI static inline __m256i group_isum(const uin
     return fold_tail(wide ? group_dot16(wv, x, xl, group_bias(wv, nv), nv) : group_dot(wa, wv, x, q41, nv), nv);
 }
 
-/* acc (lanes in mask) += (d_w * d_x) * (float)isum [+ m_w * s_x] for packed group gp */
-__attribute__((always_inline)) T_VNNI static inline __m256 group_fma(__m256 acc, const uint8_t *gp, int q41, int nt,
+/* acc (lanes in mask) += (d_w * d_x) * (float)isum [+ m_w * s_x], the weights' scales dw (and mins mw) as fp32 */
+__attribute__((always_inline)) T_VNNI static inline __m256 scale_add(__m256 acc, __m256 dw, __m256 mw, int q41, int nt,
                                                                     __m256i isum, __m256 dx, __m256 sx) {
-    __m256 v = _mm256_mul_ps(_mm256_mul_ps(load_halves(gp, nt), dx), _mm256_cvtepi32_ps(isum));
-    if (q41) v = _mm256_add_ps(v, _mm256_mul_ps(load_halves(gp + 2 * nt, nt), sx));
+    __m256 v = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum));
+    if (q41) v = _mm256_add_ps(v, _mm256_mul_ps(mw, sx));
     return nt == 8 ? _mm256_add_ps(acc, v) : _mm256_mask_add_ps(acc, (__mmask8)((1u << nt) - 1), acc, v);
 }
 
-static inline void store_out(float *out, __m256 acc, int accumulate) {
+/* scale_add for packed group gp (its d, then m for Q4_1, at the group's start) */
+__attribute__((always_inline)) T_VNNI static inline __m256 group_fma(__m256 acc, const uint8_t *gp, int q41, int nt,
+                                                                    __m256i isum, __m256 dx, __m256 sx) {
+    return scale_add(acc, load_halves(gp, nt), q41 ? load_halves(gp + 2 * nt, nt) : _mm256_setzero_ps(), q41, nt,
+                     isum, dx, sx);
+}
+
+/* the lane sums of v[0..7], lane j = lane_sum8(v[j]) bit for bit: the same tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5)
+ * + (l3 + l7)) for eight vectors at once (fp32 adds are commutative, so only the association matters) */
+__attribute__((always_inline)) T_VNNI static inline __m256 lane_sums8(const __m256 *v) {
+    __m256 s[4], w[2];
+    for (int p = 0; p < 4; p++) /* [a0+a4, a1+a5, a2+a6, a3+a7 | b0+b4, ...] for the pair a, b = v[2p], v[2p+1] */
+        s[p] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x31));
+    for (int p = 0; p < 2; p++) /* per 128-bit half: [x even, x odd, y even, y odd], even = (l0+l4)+(l2+l6) */
+        w[p] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * p], s[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(s[2 * p], s[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* even + odd: [v0, v2, v4, v6 | v1, v3, v5, v7], then in order */
+    const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* out[j * stride] (+)= the lane sum of acc[j] for j < n (n <= 8) */
+__attribute__((always_inline)) T_VNNI static inline void store_sums(float *out, int64_t stride, const __m256 *acc,
+                                                                   int n, int accumulate) {
+    __m256 v[8];
+    for (int j = 0; j < 8; j++) v[j] = j < n ? acc[j] : _mm256_setzero_ps();
     float l[8];
-    memcpy(l, &acc, sizeof l);
-    const float v = lane_sum8(l);
-    *out = accumulate ? *out + v : v;
+    _mm256_storeu_ps(l, lane_sums8(v));
+    for (int j = 0; j < n; j++) out[j * stride] = accumulate ? out[j * stride] + l[j] : l[j];
 }
 
 /* vectors per group of nt blocks (unpack_group) */
@@ -181,7 +207,7 @@ __attribute__((always_inline)) T_VNNI static inline void rows_packed_m1(const hr
     if (tail && group_vectors(tail) == 4) group_m1(w, prow, row_bytes, a, full, tail, 4, acc, nr, wide);
     else if (tail && group_vectors(tail) == 2) group_m1(w, prow, row_bytes, a, full, tail, 2, acc, nr, wide);
     else if (tail) group_m1(w, prow, row_bytes, a, full, tail, 8, acc, nr, wide);
-    for (int r = 0; r < nr; r++) store_out(y + n + r, acc[r], accumulate);
+    store_sums(y + n, 1, acc, nr, accumulate);
 }
 
 /* group g (nt blocks, nv vectors) of nr packed weight rows against activation rows [i0, i1) into acc: the group
@@ -195,9 +221,13 @@ __attribute__((always_inline)) T_VNNI static inline void group_rows(const hr_qte
     const int q41 = w->fmt == HR_Q4_1;
     const __mmask8 mask = (__mmask8)((1u << nt) - 1);
     __m256i wa[2][8], wv[2][8], bias[2];
+    __m256 dw[2], mw[2]; /* the rows' block scales (and mins) as fp32, converted once for every activation row */
     for (int r = 0; r < nr; r++) {
-        unpack_group(prow + r * rb + g * gb, w->fmt, nt, nv, wa[r], wv[r]);
+        const uint8_t *gp = prow + r * rb + g * gb;
+        unpack_group(gp, w->fmt, nt, nv, wa[r], wv[r]);
         if (wide) bias[r] = group_bias(wv[r], nv);
+        dw[r] = load_halves(gp, nt);
+        mw[r] = q41 ? load_halves(gp + 2 * nt, nt) : _mm256_setzero_ps();
     }
     for (int64_t i = i0; i < i1; i++) {
         const int8_t *x = a->qt + i * ldq + g * 8 * HR_QK;
@@ -222,7 +252,7 @@ __attribute__((always_inline)) T_VNNI static inline void group_rows(const hr_qte
         const __m256 dx = _mm256_maskz_loadu_ps(mask, a->d + i * nb + g * 8);
         const __m256 sx = q41 ? _mm256_maskz_loadu_ps(mask, a->s + i * nb + g * 8) : _mm256_setzero_ps();
         for (int r = 0; r < nr; r++)
-            acc[r][i - i0] = group_fma(acc[r][i - i0], prow + r * rb + g * gb, q41, nt,
+            acc[r][i - i0] = scale_add(acc[r][i - i0], dw[r], mw[r], q41, nt,
                                        fold_tail(_mm256_add_epi32(s[r][0], s[r][1]), nv), dx, sx);
     }
 }
@@ -246,7 +276,8 @@ __attribute__((always_inline)) T_VNNI static inline void rows_packed(const hr_qt
         else if (tail && group_vectors(tail) == 2) group_rows(w, prow, rb, a, i0, i1, full, tail, 2, acc, nr, wide);
         else if (tail) group_rows(w, prow, rb, a, i0, i1, full, tail, 8, acc, nr, wide);
         for (int r = 0; r < nr; r++)
-            for (int64_t i = i0; i < i1; i++) store_out(y + i * ldy + n + r, acc[r][i - i0], accumulate);
+            for (int64_t i = i0; i < i1; i += 8)
+                store_sums(y + i * ldy + n + r, ldy, &acc[r][i - i0], i1 - i < 8 ? (int)(i1 - i) : 8, accumulate);
     }
 }
 
