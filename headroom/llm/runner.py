@@ -182,7 +182,8 @@ class TorchRunner:
         return self.threads.now
 
     def tuner_means(self) -> dict[tuple[int, int], float]:
-        """The thread tuner's running means, (step-size bucket, threads) -> seconds per token (empty: no tuner)."""
+        """The thread tuner's estimates (medians of recent steps): (step-size bucket, threads) -> seconds per token
+        (empty: no tuner)."""
         return self.threads.means()
 
     def execute(self, batch: ModelBatch) -> np.ndarray:

@@ -69,7 +69,8 @@ class StepThreads:
         self.now, self._set_in = threads, threading.get_ident()
 
     def means(self) -> dict[tuple[int, int], float]:
-        """The tuner's running means, (step-size bucket, threads) -> seconds per token (empty: no tuner)."""
+        """The tuner's estimates (medians of recent steps): (step-size bucket, threads) -> seconds per token (empty:
+        no tuner)."""
         return dict(self._state.mean_s_per_token)
 
     def run(self, batch: ModelBatch, forward: Callable[[int], T]) -> T:

@@ -1,19 +1,22 @@
 """Intra-op threads per step on CPU, chosen by measuring (policy only; the runner applies it).
 
-An OpenMP team as wide as the CPUs is a gamble: with those CPUs free it speeds up big steps (32-row matmuls,
-prefill chunks) and maybe single-sequence decode; with another process on one of them every OpenMP barrier
-(one per op) waits for a time slice (on a 2-core box a one-token step went from ~35 ms to 0.1-1 s). Which
-count wins depends on the machine and its load *now*, so the candidates come from the machine (1, 2, 4, ... up
-to the CPUs this process may run on, `usable_cpus`: its affinity mask, so `taskset` and cgroup cpusets count,
-not the host's CPU count) and the tuner keeps, per step-size bucket (tokens in the step, powers of two), a
-running mean of seconds per token for each thread count, uses the fastest, and now and then runs a step with
-another to notice when the load changes. It starts from a prior (every CPU for steps of at least
-`wide_step_min_tokens` tokens, 1 thread below), so nothing is explored blindly.
-Exploration is rarer the worse the alternative measured (every `explore_every_steps` x ratio steps), which
-bounds its cost to about `explore_run_steps`/`explore_every_steps` of a step. An exploration runs the other
-count for `explore_run_steps` consecutive steps, and the first step after any change of thread count is not
-measured: waking or parking OpenMP workers made that step ~10 ms (~20%) slower here, which biased a one-step
-probe against the wider team and kept single-sequence decode on 1 thread on a quiet machine.
+An OpenMP team as wide as the CPUs is a gamble: with those CPUs free it speeds up big steps (32-row matmuls, prefill
+chunks) and maybe single-sequence decode; with another process on one of them every OpenMP barrier (one per op)
+waits for a time slice (on a 2-core box a one-token step went from ~35 ms to 0.1-1 s). Which count wins depends on
+the machine and its load *now*, so the candidates come from the machine (1, 2, 4, ... up to the CPUs this process
+may run on, `usable_cpus`: its affinity mask, so `taskset` and cgroup cpusets count, not the host's CPU count) and
+the tuner keeps, per step-size bucket (tokens in the step, powers of two), the median of the last few steps'
+seconds per token for each thread count, uses the fastest, and now and then runs a step with another to notice when
+the load changes. A median, not a running mean: the first decode steps on a wider team were measured at up to 4x
+their steady time (24 ms against 6 ms, a served 2-core EPYC), and a running mean seeded by such an outlier kept the
+faster count unused for hundreds of steps, since the alternative is retried the more rarely the worse it looked
+(served one-stream TPOT 8.1-8.8 ms against 6.7-7.0 ms with 2 threads fixed). It starts from a prior (every CPU for
+steps of at least `wide_step_min_tokens` tokens, 1 thread below), so nothing is explored blindly. Exploration is
+rarer the worse the alternative measured (every `explore_every_steps` x ratio steps), which bounds its cost to about
+`explore_run_steps`/`explore_every_steps` of a step. An exploration runs the other count for `explore_run_steps`
+consecutive steps, and the first step after any change of thread count is not measured: waking or parking OpenMP
+workers made that step ~10 ms (~20%) slower here, which biased a one-step probe against the wider team and kept
+single-sequence decode on 1 thread on a quiet machine.
 """
 
 from __future__ import annotations
@@ -30,17 +33,17 @@ class ThreadTunerConfig:
     candidates: tuple[int, ...]  # thread counts it chooses between, e.g. (1, 2)
     wide_step_min_tokens: int = 32  # prior: steps of at least this many tokens start at the widest candidate
     explore_every_steps: int = 64  # per bucket, a burst in this many steps (x the measured ratio) tries the other
-    ewma_alpha: float = 0.25  # weight of a new measurement in the running mean
+    window_steps: int = 5  # per (bucket, threads): the estimate is the median of this many latest measured steps
     explore_run_steps: int = 3  # steps per exploration burst (the first one, right after the switch, is not measured)
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot work."""
         if not self.candidates or min(self.candidates) < 1:
             raise ValueError("thread candidates must be >= 1")
-        if not 2 <= self.explore_run_steps < self.explore_every_steps or not 0.0 < self.ewma_alpha <= 1.0:
+        if not 2 <= self.explore_run_steps < self.explore_every_steps or self.window_steps < 1:
             raise ValueError(
                 "need 2 <= explore_run_steps < explore_every_steps (the first step after a switch is not "
-                "measured) and ewma_alpha in (0, 1]"
+                "measured) and window_steps >= 1"
             )
 
 
@@ -48,8 +51,9 @@ class ThreadTunerConfig:
 class ThreadTunerState:
     """What the tuner has measured."""
 
-    # (bucket, threads) -> running mean of seconds per token of steps run with that many threads
+    # (bucket, threads) -> seconds per token of steps run with that many threads: the median of `recent`
     mean_s_per_token: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    recent: Mapping[tuple[int, int], tuple[float, ...]] = field(default_factory=dict)  # the latest window_steps
     steps: Mapping[int, int] = field(default_factory=dict)  # bucket -> steps seen in it
     last_threads: int = 0  # thread count of the previous step (0 = none yet): a step after a change is not measured
 
@@ -90,11 +94,12 @@ def observe(
     if threads != state.last_threads:  # the team was just resized: this step's time is not representative
         return replace(state, steps=steps, last_threads=threads)
     per_token = elapsed_s / max(num_tokens, 1)
-    old = state.mean_s_per_token.get((b, threads))
-    new = per_token if old is None else old + cfg.ewma_alpha * (per_token - old)
-    means = dict(state.mean_s_per_token)
-    means[(b, threads)] = new
-    return replace(state, mean_s_per_token=means, steps=steps)
+    window = (*state.recent.get((b, threads), ()), per_token)[-cfg.window_steps :]
+    ordered = sorted(window)
+    recent, means = dict(state.recent), dict(state.mean_s_per_token)
+    recent[(b, threads)] = window
+    means[(b, threads)] = ordered[(len(ordered) - 1) // 2]  # the lower median: one outlier of two is not believed
+    return replace(state, mean_s_per_token=means, recent=recent, steps=steps)
 
 
 def usable_cpus() -> int:

@@ -18,7 +18,7 @@ from headroom.llm.threads import (
     usable_cpus,
 )
 
-CFG = ThreadTunerConfig(candidates=(1, 2), wide_step_min_tokens=32, explore_every_steps=8, ewma_alpha=0.5)
+CFG = ThreadTunerConfig(candidates=(1, 2), wide_step_min_tokens=32, explore_every_steps=8, window_steps=1)
 
 
 def _run(
@@ -84,6 +84,8 @@ def test_config_is_validated() -> None:
         ThreadTunerConfig(candidates=(1, 2), explore_every_steps=3, explore_run_steps=3).validate()
     with pytest.raises(ValueError, match="explore_run_steps"):
         ThreadTunerConfig(candidates=(1, 2), explore_run_steps=1).validate()
+    with pytest.raises(ValueError, match="window_steps"):
+        ThreadTunerConfig(candidates=(1, 2), window_steps=0).validate()
 
 
 def test_candidates_come_from_the_cpus_this_process_may_use() -> None:
@@ -101,9 +103,36 @@ def test_candidates_come_from_the_cpus_this_process_may_use() -> None:
 
 def test_the_tuner_finds_the_fastest_of_many_counts() -> None:
     """A 8-CPU machine where 4 threads are fastest for one-token steps (8 oversubscribe a busy machine)."""
-    cfg = ThreadTunerConfig(candidates=thread_candidates(8), explore_every_steps=8, ewma_alpha=0.5)
+    cfg = ThreadTunerConfig(candidates=thread_candidates(8), explore_every_steps=8, window_steps=1)
     state, chosen = _run(ThreadTunerState(), 1, 300, {1: 0.040, 2: 0.025, 4: 0.015, 8: 0.030}, cfg=cfg)
     assert set(chosen) == {1, 2, 4, 8}  # every count was measured
     # then 4, re-checking the runner-up (2) in bursts of 3 every int(8 x 0.025 / 0.015) = 13 steps
     assert choose_threads(state, cfg, 1) == 4 and chosen[-100:].count(4) >= 75
     assert set(chosen[-100:]) == {2, 4}
+
+
+def test_one_outlier_does_not_keep_the_faster_count_unused() -> None:
+    """Served on a quiet 2-core EPYC, the first measured 2-thread decode step took 24 ms against ~6 ms steady and 9 ms
+    on 1 thread; a running mean seeded by it kept decode on 1 thread for hundreds of steps. The median of the last
+    steps believes the steady time as soon as a second 2-thread step is measured."""
+    cfg = ThreadTunerConfig(candidates=(1, 2), explore_every_steps=8)  # the default window
+    state, chosen, seen_two = ThreadTunerState(), [], 0
+    for _ in range(120):
+        t = choose_threads(state, cfg, 1)
+        first_measured_two = t == 2 and bool(chosen) and chosen[-1] == 2 and seen_two == 0
+        seen_two += t == 2 and bool(chosen) and chosen[-1] == 2  # measured 2-thread steps so far
+        chosen.append(t)
+        state = observe(state, cfg, 1, t, 0.024 if first_measured_two else {1: 0.009, 2: 0.006}[t])
+    assert state.mean_s_per_token[(1, 2)] == pytest.approx(0.006)
+    # settled on 2 threads; 1 is retried in 3-step bursts every ~8 x 9 / 6 = 12 steps: ~30 of the last 40 on 2
+    assert chosen[-40:].count(2) >= 28
+    assert state.recent[(1, 2)][0] != pytest.approx(0.024)  # the outlier has left the window
+
+
+def test_a_lasting_change_of_load_is_followed_with_the_default_window() -> None:
+    cfg = ThreadTunerConfig(candidates=(1, 2), explore_every_steps=8)
+    state, _ = _run(ThreadTunerState(), 1, 60, {1: 0.009, 2: 0.006}, cfg=cfg)
+    assert choose_threads(state, cfg, 1) == 2
+    state, chosen = _run(state, 1, 60, {1: 0.009, 2: 0.060}, cfg=cfg)  # another process takes a core
+    assert chosen[:4] == [2, 2, 2, 1]  # three slow steps make the median slow, then 1 thread
+    assert chosen[-20:].count(1) >= 17 and choose_threads(state, cfg, 1) == 1
