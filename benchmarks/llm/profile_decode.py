@@ -46,7 +46,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # profile the checkout this script is in, not an installed headroom
-OMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "20000"}  # = headroom.cli.main.OPENMP_DEFAULTS (`headroom serve`)
+# what `headroom serve` runs with (headroom.cli.main.OPENMP_DEFAULTS; tests/benchmarks/test_profile_decode_env.py)
+OMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "20000"}
 BLOCK_BYTES = {"F32": 128, "F16": 64, "Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # bytes per 32 values
 FORMAT_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 4: "Q8_0"}
 
