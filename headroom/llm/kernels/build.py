@@ -27,7 +27,7 @@ from pathlib import Path
 KERNEL_DIR = Path(__file__).parent
 SOURCE_NAMES = (
     "common.h", "paged_attention.c", "native.h", "native_blocks.h", "native_quant.c", "native_gemm.c",
-    "native_gemm_wide.c", "native_pack.c", "native_step.c",
+    "native_gemm_wide.c", "native_packed.h", "native_pack.c", "native_pack_avx2.c", "native_step.c",
 )  # fmt: skip  # hashed; the .c files are compiled
 BASELINE_PREFIX = "native"  # sources compiled without arch_flags (run-time ISA dispatch inside)
 BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")

@@ -28,19 +28,21 @@ typedef struct {
     int64_t fmt;         /* HR_F32 ... HR_Q8_0 */
     int64_t rows, cols;  /* out x in */
     const uint8_t *data; /* rows * row_bytes, row-major (GGUF layout) */
-    const uint8_t *packed; /* NULL, or the same weights in the VNNI path's layout (hr_pack_tensor, native_pack.c) */
+    const uint8_t *packed; /* NULL, or the same weights in the SIMD paths' layout (hr_pack_tensor, native_pack.c) */
 } hr_qtensor;
 
 typedef struct {
     const float *x; /* [m, k] fp32 (F16/F32 weights read it directly) */
     int8_t *q;      /* [m, k] quantised values */
     int8_t *qt;     /* NULL, or [m, HR_QT_STRIDE(k)]: q with each group of 8 blocks transposed, the tail group padded
-                       with zero blocks or compact (HR_COMPACT_TAIL) (AVX-512 VNNI path) */
+                       with zero blocks or compact (HR_COMPACT_TAIL) (the SIMD paths) */
     int16_t *q16;   /* NULL, or [m, k] 16-bit values: then block-format weights use these, not q (d, s match) */
     float *d, *s;   /* [m, k / 32] block scale and d * sum(q) */
     int64_t m, k;
-    int8_t *qtl;    /* NULL, or (with q16, AVX-512 VNNI path) q16's low bytes transposed like qt; qt then holds its high
+    int8_t *qtl;    /* NULL, or (with q16, the SIMD paths) q16's low bytes transposed like qt; qt then holds its high
                        bytes + 128: q16 = 256 * (qt - 128) + qtl, both read as unsigned bytes (hr_split16_planes) */
+    int16_t *q16t;  /* NULL, or (with q16, the AVX2 path) [m, HR_QT_STRIDE(k)]: q16 with each group of 8 blocks
+                       transposed by 4 values (hr_transpose16) */
 } hr_qact;
 
 int64_t hr_row_bytes(int64_t fmt, int64_t cols);
@@ -51,9 +53,13 @@ void hr_quantize_rows(const float *x, int64_t m, int64_t k, int8_t *q, float *d,
 void hr_quantize_rows16(const float *x, int64_t m, int64_t k, int16_t *q, float *d, float *s);
 /* the same on path isa (AVX2 on the SIMD paths; identical results for finite x) */
 void hr_quantize_rows16_isa(const float *x, int64_t m, int64_t k, int16_t *q, float *d, float *s, int64_t isa);
-/* the VNNI path's planes of 16-bit values (hr_qact.qt / qtl) for m rows of k, HR_QT_STRIDE(k) apart */
+/* the SIMD paths' planes of 16-bit values (hr_qact.qt / qtl) for m rows of k, HR_QT_STRIDE(k) apart */
 void hr_split16_planes(const int16_t *q16, int64_t m, int64_t k, int8_t *qth, int8_t *qtl);
-/* the same on path isa (identical results for finite x); qt (nullable) gets the VNNI path's transposed copy */
+/* q16t [m, HR_QT_STRIDE(k)] = each group of 8 blocks of q16 transposed by 4 values: values 4c .. 4c + 3 of block l at
+ * (8c + l) * 4 within the group (8 * 32 values); a tail group of nt blocks is compact ((nt * c + l) * 4, HR_COMPACT_TAIL:
+ * the packed weights' order) or padded with zero blocks (the AVX2 path's Q8_0 lm_head) */
+void hr_transpose16(const int16_t *q16, int64_t m, int64_t k, int16_t *q16t);
+/* the same on path isa (identical results for finite x); qt (nullable) gets the SIMD paths' transposed copy */
 void hr_quantize_rows_isa(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s, int8_t *qt,
                           int64_t isa);
 /* y[i, n] (= or +=) a_i . W_n for every row i < a->m and every n, split over the enclosing OpenMP team (orphaned
@@ -64,6 +70,8 @@ void hr_gemm_team(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, 
 int hr_check_tensor(const hr_qtensor *w, int64_t isa);
 /* row r of w as fp32 [w->cols] (q * d, + m for Q4_1) */
 void hr_dequantize_row(const hr_qtensor *w, int64_t r, float *out);
+/* bytes of the packed layout of a rows x cols tensor of format fmt, or -1 where it has none (F16 / F32) */
+int64_t hr_packed_bytes(int64_t fmt, int64_t rows, int64_t cols);
 /* rows [n0, n1) of y from w->packed (VNNI path: 8-bit activations with a->qt, or 16-bit ones (a->q16) with the planes
  * a->qt / a->qtl; native_pack.c) */
 void hr_gemm_rows_packed(const hr_qtensor *w, const hr_qact *a, float *y, int64_t ldy, int accumulate, int64_t n0,

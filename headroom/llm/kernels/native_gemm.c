@@ -12,7 +12,7 @@
  * paths read a weight row straight from the GGUF bytes, 8 blocks at a time unpacked into registers (d and m in one
  * gather) and used for up to 64 activation rows before the next 8, so each weight block is streamed from memory once
  * per call. A weight with a packed layout (hr_qtensor.packed, native_pack.c: groups pre-transposed at load) runs
- * hr_gemm_rows_packed on the VNNI path; without one, with >= 2 activation rows the VNNI path transposes each 8-block
+ * hr_gemm_rows_packed on the VNNI path and hr_gemm_rows_packed_avx2 (native_pack_avx2.c) on the AVX2 one; without one, with >= 2 activation rows the VNNI path transposes each 8-block
  * group in registers (the activations once at quantisation, native_quant.c) so that lane l of the vpdpbusd
  * accumulator IS block l's sum: no horizontal reduction. Output rows are split over the OpenMP team in
  * static chunks, so a result never depends on M, on the other rows, or on the thread count.
@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "native_blocks.h"
+#include "native_packed.h"
 
 #define HR_ROWS_PER_CHUNK 16
 
@@ -183,10 +183,16 @@ static void gemm_rows(const hr_qtensor *w, const hr_qact *a, float *y, int64_t l
                       int64_t n0, int64_t n1, int8_t *wq, float *dw, float *mw, float *wf) {
     const int64_t k = w->cols, nb = k / HR_QK, rb = hr_row_bytes(w->fmt, k);
     const int plain = w->fmt == HR_F32 || w->fmt == HR_F16, q41 = w->fmt == HR_Q4_1;
-    const int packed = !plain && isa == HR_ISA_AVX512VNNI && w->packed && a->qt; /* 8-bit, or 16-bit with planes */
-    if (packed && (a->q16 ? a->qtl != NULL : a->q != NULL)) {
-        hr_gemm_rows_packed(w, a, y, ldy, accumulate, n0, n1);
-        return;
+    /* the packed layout with 8-bit inputs (a->qt), or 16-bit ones as planes (a->qt / a->qtl) */
+    if (!plain && w->packed && a->qt && (a->q16 ? a->qtl != NULL : a->q != NULL)) {
+        if (isa == HR_ISA_AVX512VNNI) {
+            hr_gemm_rows_packed(w, a, y, ldy, accumulate, n0, n1);
+            return;
+        }
+        if (isa == HR_ISA_AVX2 && (!a->q16 || w->fmt != HR_Q8_0 || a->q16t)) { /* Q8_0: a->q16t, not the planes */
+            hr_gemm_rows_packed_avx2(w, a, y, ldy, accumulate, n0, n1);
+            return;
+        }
     }
     if (!plain && (a->q16 || !a->q)) {
         hr_gemm_rows_wide(w, a, y, ldy, accumulate, isa, n0, n1, wf);
@@ -249,24 +255,26 @@ int hr_native_gemm(const hr_qtensor *w, const float *x, int64_t m, float *y, int
     const int64_t k = w->cols, nb = k / HR_QK;
     hr_qact a = {x, NULL, NULL, NULL, NULL, NULL, m, k};
     int8_t *q = NULL, *qt = NULL, *qtl = NULL;
-    int16_t *q16 = NULL;
+    int16_t *q16 = NULL, *q16t = NULL;
     float *d = NULL, *s = NULL;
     if (w->fmt != HR_F32 && w->fmt != HR_F16 && act_bits != 32) {
         q = malloc((size_t)(m * k) + 1), qt = malloc((size_t)(m * HR_QT_STRIDE(k)) + 1);
         qtl = malloc((size_t)(m * HR_QT_STRIDE(k)) + 1), q16 = malloc((size_t)(m * k + 1) * sizeof(int16_t));
         d = malloc((size_t)(m * nb + 1) * sizeof(float)), s = malloc((size_t)(m * nb + 1) * sizeof(float));
-        if (!q || !qt || !qtl || !q16 || !d || !s) {
-            free(q), free(qt), free(qtl), free(q16), free(d), free(s);
+        q16t = malloc((size_t)(m * HR_QT_STRIDE(k) + 1) * sizeof(int16_t));
+        if (!q || !qt || !qtl || !q16 || !d || !s || !q16t) {
+            free(q), free(qt), free(qtl), free(q16), free(d), free(s), free(q16t);
             return -1;
         }
         if (act_bits == 16) hr_quantize_rows16_isa(x, m, k, q16, d, s, isa), a.q16 = q16;
         else hr_quantize_rows_isa(x, m, k, q, d, s, qt, isa);
-        if (act_bits == 16 && isa == HR_ISA_AVX512VNNI) hr_split16_planes(q16, m, k, qt, qtl), a.qtl = qtl;
+        if (act_bits == 16 && isa != HR_ISA_SCALAR) hr_split16_planes(q16, m, k, qt, qtl), a.qtl = qtl;
+        if (act_bits == 16 && isa == HR_ISA_AVX2) hr_transpose16(q16, m, k, q16t), a.q16t = q16t;
         a.q = q, a.qt = qt, a.d = d, a.s = s;
     }
 #pragma omp parallel num_threads((int)num_threads)
     hr_gemm_team(w, &a, y, w->rows, 0, isa);
-    free(q), free(qt), free(qtl), free(q16), free(d), free(s);
+    free(q), free(qt), free(qtl), free(q16), free(d), free(s), free(q16t);
     return 0;
 }
 

@@ -39,12 +39,12 @@ def c_qtensor(t: QTensor, packed: np.ndarray | None = None) -> CQTensor:
 
 
 def pack_tensor(lib: ctypes.CDLL, t: QTensor, isa: str) -> np.ndarray | None:
-    """`t`'s blocks in the layout the `isa` path reads fastest (native_pack.c: AVX-512 VNNI, Q4_0 / Q4_1 / Q8_0;
-    the same byte count, one pass), or None where the path reads the GGUF layout directly."""
+    """`t`'s blocks in the layout the SIMD paths read fastest (native_pack.c: AVX2 and AVX-512 VNNI, Q4_0 / Q4_1 /
+    Q8_0; the same byte count, one pass), or None where the path reads the GGUF layout directly (scalar, F16 / F32)."""
     size_fn = lib.hr_packed_bytes
     size_fn.argtypes, size_fn.restype = [_I, _I, _I], _I
     size = size_fn(FORMAT_CODES[t.fmt], t.rows, t.cols)
-    if isa != "avx512vnni" or size < 0:
+    if isa not in ("avx2", "avx512vnni") or size < 0:
         return None
     out = np.empty(size, dtype=np.uint8)
     fn = lib.hr_pack_tensor

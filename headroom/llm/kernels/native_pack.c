@@ -20,7 +20,7 @@
  */
 #include <string.h>
 
-#include "native_blocks.h"
+#include "native_packed.h"
 
 /* bytes of w's packed layout, or -1 for a format that has none (F16 / F32) */
 int64_t hr_packed_bytes(int64_t fmt, int64_t rows, int64_t cols) {
@@ -84,13 +84,6 @@ __attribute__((always_inline)) T_VNNI static inline void unpack_group(const uint
     }
 }
 
-/* a compact tail's lanes summed per block (lane l < nv = block l; exact int32 adds); nv = 8: unchanged */
-__attribute__((always_inline)) T_VNNI static inline __m256i fold_tail(__m256i s, int nv) {
-    if (nv == 8) return s;
-    s = _mm256_add_epi32(s, _mm256_permute2x128_si256(s, s, 0x01));
-    return nv == 2 ? _mm256_add_epi32(s, _mm256_shuffle_epi32(s, 0x4E)) : s;
-}
-
 /* lane l = block l's exact int32 dot with the transposed activations x (4 independent vpdpbusd chains), unfolded */
 __attribute__((always_inline)) T_VNNI static inline __m256i group_dot(const __m256i *wa, const __m256i *wv,
                                                                      const int8_t *x, int q41, int nv) {
@@ -147,35 +140,6 @@ __attribute__((always_inline)) T_VNNI static inline __m256 group_fma(__m256 acc,
     return scale_add(acc, load_halves(gp, nt), q41 ? load_halves(gp + 2 * nt, nt) : _mm256_setzero_ps(), q41, nt,
                      isum, dx, sx);
 }
-
-/* the lane sums of v[0..7], lane j = lane_sum8(v[j]) bit for bit: the same tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5)
- * + (l3 + l7)) for eight vectors at once (fp32 adds are commutative, so only the association matters) */
-__attribute__((always_inline)) T_VNNI static inline __m256 lane_sums8(const __m256 *v) {
-    __m256 s[4], w[2];
-    for (int p = 0; p < 4; p++) /* [a0+a4, a1+a5, a2+a6, a3+a7 | b0+b4, ...] for the pair a, b = v[2p], v[2p+1] */
-        s[p] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x20),
-                             _mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x31));
-    for (int p = 0; p < 2; p++) /* per 128-bit half: [x even, x odd, y even, y odd], even = (l0+l4)+(l2+l6) */
-        w[p] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * p], s[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm256_shuffle_ps(s[2 * p], s[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    /* even + odd: [v0, v2, v4, v6 | v1, v3, v5, v7], then in order */
-    const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm256_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-/* out[j * stride] (+)= the lane sum of acc[j] for j < n (n <= 8) */
-__attribute__((always_inline)) T_VNNI static inline void store_sums(float *out, int64_t stride, const __m256 *acc,
-                                                                   int n, int accumulate) {
-    __m256 v[8];
-    for (int j = 0; j < 8; j++) v[j] = j < n ? acc[j] : _mm256_setzero_ps();
-    float l[8];
-    _mm256_storeu_ps(l, lane_sums8(v));
-    for (int j = 0; j < n; j++) out[j * stride] = accumulate ? out[j * stride] + l[j] : l[j];
-}
-
-/* vectors per group of nt blocks (unpack_group) */
-static inline int group_vectors(int nt) { return HR_COMPACT_TAIL(nt) ? nt : 8; }
 
 /* group g (nt blocks, nv vectors) of NR packed weight rows (row_bytes apart) against the one activation row */
 __attribute__((always_inline)) T_VNNI static inline void group_m1(const hr_qtensor *w, const uint8_t *prow,
@@ -319,27 +283,25 @@ __attribute__((always_inline)) T_VNNI static inline void group_rows(const hr_qte
 }
 
 /* y[i, n .. n + nr - 1] for nr packed weight rows (rb bytes apart) and every activation row i (transposed q8 values in
- * a->qt, or with `wide` 16-bit planes in a->qt / a->qtl), HR_M_TILE activation rows at a time */
+ * a->qt, or with `wide` 16-bit planes in a->qt / a->qtl), activation rows [i0, i1) (at most HR_M_TILE) */
 __attribute__((always_inline)) T_VNNI static inline void rows_packed(const hr_qtensor *w, const uint8_t *prow,
                                                                     int64_t rb, const hr_qact *a, float *y,
-                                                                    int64_t ldy, int64_t n, int accumulate,
-                                                                    const int nr, const int wide, const int64_t fmt) {
+                                                                    int64_t ldy, int64_t n, int accumulate, int64_t i0,
+                                                                    int64_t i1, const int nr, const int wide,
+                                                                    const int64_t fmt) {
     const int64_t nb = w->cols / HR_QK;
-    for (int64_t i0 = 0; i0 < a->m; i0 += HR_M_TILE) {
-        const int64_t i1 = i0 + HR_M_TILE < a->m ? i0 + HR_M_TILE : a->m;
-        __m256 acc[2][HR_M_TILE];
-        for (int r = 0; r < nr; r++)
-            for (int64_t i = i0; i < i1; i++) acc[r][i - i0] = _mm256_setzero_ps();
-        const int64_t full = nb / 8;
-        const int tail = (int)(nb % 8);
-        for (int64_t g = 0; g < full; g++) group_rows(w, prow, rb, a, i0, i1, g, 8, 8, acc, nr, wide, fmt);
-        if (tail && group_vectors(tail) == 4) group_rows(w, prow, rb, a, i0, i1, full, tail, 4, acc, nr, wide, fmt);
-        else if (tail && group_vectors(tail) == 2) group_rows(w, prow, rb, a, i0, i1, full, tail, 2, acc, nr, wide, fmt);
-        else if (tail) group_rows(w, prow, rb, a, i0, i1, full, tail, 8, acc, nr, wide, fmt);
-        for (int r = 0; r < nr; r++)
-            for (int64_t i = i0; i < i1; i += 8)
-                store_sums(y + i * ldy + n + r, ldy, &acc[r][i - i0], i1 - i < 8 ? (int)(i1 - i) : 8, accumulate);
-    }
+    __m256 acc[2][HR_M_TILE];
+    for (int r = 0; r < nr; r++)
+        for (int64_t i = i0; i < i1; i++) acc[r][i - i0] = _mm256_setzero_ps();
+    const int64_t full = nb / 8;
+    const int tail = (int)(nb % 8);
+    for (int64_t g = 0; g < full; g++) group_rows(w, prow, rb, a, i0, i1, g, 8, 8, acc, nr, wide, fmt);
+    if (tail && group_vectors(tail) == 4) group_rows(w, prow, rb, a, i0, i1, full, tail, 4, acc, nr, wide, fmt);
+    else if (tail && group_vectors(tail) == 2) group_rows(w, prow, rb, a, i0, i1, full, tail, 2, acc, nr, wide, fmt);
+    else if (tail) group_rows(w, prow, rb, a, i0, i1, full, tail, 8, acc, nr, wide, fmt);
+    for (int r = 0; r < nr; r++)
+        for (int64_t i = i0; i < i1; i += 8)
+            store_sums(y + i * ldy + n + r, ldy, &acc[r][i - i0], i1 - i < 8 ? (int)(i1 - i) : 8, accumulate);
 }
 
 /* rows [n0, n1); wide: 16-bit activations (the planes a->qt / a->qtl), else 8-bit (a->qt) */
@@ -353,11 +315,16 @@ __attribute__((always_inline)) T_VNNI static inline void gemm_packed(const hr_qt
         for (; n < n1; n++) rows_packed_m1(w, w->packed + n * row, row, a, y, n, accumulate, 1, wide, fmt);
         return;
     }
-    int64_t n = n0;
-    /* two rows' weights fit the registers when they are unsigned (Q4_1; signed formats keep wv too) or wide (wv only) */
-    if (fmt == HR_Q4_1 || wide)
-        for (; n + 2 <= n1; n += 2) rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, 2, wide, fmt);
-    for (; n < n1; n++) rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, 1, wide, fmt);
+    /* activation rows in tiles that stay in L1 (hr_act_tile_rows) while the call's weight rows are swept once per tile;
+     * two rows' weights fit the registers when they are unsigned (Q4_1; signed formats keep wv too) or wide (wv only) */
+    const int64_t mt = hr_act_tile_rows(w->cols, wide);
+    for (int64_t i0 = 0; i0 < a->m; i0 += mt) {
+        const int64_t i1 = i0 + mt < a->m ? i0 + mt : a->m;
+        int64_t n = n0;
+        for (; n + 2 <= n1 && (fmt == HR_Q4_1 || wide); n += 2)
+            rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, i0, i1, 2, wide, fmt);
+        for (; n < n1; n++) rows_packed(w, w->packed + n * row, row, a, y, ldy, n, accumulate, i0, i1, 1, wide, fmt);
+    }
 }
 
 /* Decode (M = 1): one instance per (format, input width), both compile-time constants inside, so the format's branches

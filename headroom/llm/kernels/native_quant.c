@@ -140,12 +140,26 @@ void hr_split16_planes(const int16_t *q16, int64_t m, int64_t k, int8_t *qth, in
 #endif
 }
 
+void hr_transpose16(const int16_t *q16, int64_t m, int64_t k, int16_t *q16t) {
+    const int64_t nb = k / HR_QK, stride = HR_QT_STRIDE(k);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t g = 0; g < stride / (8 * HR_QK); g++) {
+            const int64_t nt = nb - g * 8 < 8 ? nb - g * 8 : 8, w = HR_COMPACT_TAIL(nt) ? nt : 8;
+            for (int64_t l = 0; l < w; l++)
+                for (int64_t c = 0; c < 8; c++) {
+                    int16_t *dst = q16t + i * stride + g * 8 * HR_QK + (w * c + l) * 4;
+                    if (l < nt) memcpy(dst, q16 + i * k + (g * 8 + l) * HR_QK + 4 * c, 4 * sizeof(int16_t));
+                    else memset(dst, 0, 4 * sizeof(int16_t));
+                }
+        }
+}
+
 void hr_quantize_rows_isa(const float *x, int64_t m, int64_t k, int8_t *q, float *d, float *s, int8_t *qt,
                           int64_t isa) {
 #if HR_X86
     if (isa != HR_ISA_SCALAR) {
         quantize_rows_avx2(x, m, k, 127.0f, q, NULL, d, s);
-        if (qt && isa == HR_ISA_AVX512VNNI) transpose_groups(q, qt, m, k);
+        if (qt) transpose_groups(q, qt, m, k);
         return;
     }
 #endif

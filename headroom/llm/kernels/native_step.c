@@ -63,7 +63,7 @@ static void rms_norm(const float *x, int64_t n, const float *w, float eps, float
  * cost the quality gate its top-1 agreement (docs/native_kernels.md). */
 typedef struct {
     int8_t *q, *qt, *qtl; /* qtl: the low plane of 16-bit values on the VNNI path (qt then holds the high one) */
-    int16_t *q16;
+    int16_t *q16, *q16t; /* q16t: the AVX2 path's transposed 16-bit values (hr_transpose16) */
     float *d, *s;
     int priv; /* this thread's own copy (every row done here, no barrier) or shared (rows split over the team) */
 } act_bufs;
@@ -72,6 +72,7 @@ typedef struct {
 static void bind(hr_qact *a, const float *x, int64_t m, int64_t k, const act_bufs *b, int bits) {
     a->x = x, a->q = bits == 32 ? NULL : b->q, a->qt = b->qt, a->q16 = bits == 16 ? b->q16 : NULL;
     a->d = b->d, a->s = b->s, a->m = m, a->k = k, a->qtl = bits == 16 ? b->qtl : NULL;
+    a->q16t = bits == 16 ? b->q16t : NULL;
 }
 
 static void quantize_row_t(const float *x, int64_t t, int64_t k, const act_bufs *b, int64_t isa, int bits) {
@@ -79,8 +80,9 @@ static void quantize_row_t(const float *x, int64_t t, int64_t k, const act_bufs 
     if (bits == 32) return;
     if (bits == 16) {
         hr_quantize_rows16_isa(x + t * k, 1, k, b->q16 + t * k, b->d + t * nb, b->s + t * nb, isa);
-        if (isa == HR_ISA_AVX512VNNI) /* the packed kernel's two byte planes */
+        if (isa != HR_ISA_SCALAR) /* the packed kernels' two byte planes */
             hr_split16_planes(b->q16 + t * k, 1, k, b->qt + t * HR_QT_STRIDE(k), b->qtl + t * HR_QT_STRIDE(k));
+        if (isa == HR_ISA_AVX2) hr_transpose16(b->q16 + t * k, 1, k, b->q16t + t * HR_QT_STRIDE(k));
     } else hr_quantize_rows_isa(x + t * k, 1, k, b->q + t * k, b->d + t * nb, b->s + t * nb, b->qt + t * HR_QT_STRIDE(k), isa);
 }
 
@@ -221,8 +223,9 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
     int8_t *q8 = malloc((size_t)(copies * aw)), *q8t = malloc((size_t)(copies * qtw));
     int8_t *q8tl = malloc((size_t)(copies * qtw));
     int16_t *q16 = malloc((size_t)(copies * aw) * sizeof(int16_t));
+    int16_t *q16t = malloc((size_t)(copies * qtw) * sizeof(int16_t));
     int rc = 0;
-    if (!h || !xn || !qb || !kb || !vb || !qr || !g || !u || !d || !s || !slot || !seen || !q8 || !q8t || !q8tl || !q16) {
+    if (!h || !xn || !qb || !kb || !vb || !qr || !g || !u || !d || !s || !slot || !seen || !q8 || !q8t || !q8tl || !q16 || !q16t) {
         rc = -1;
         goto done;
     }
@@ -247,7 +250,7 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
     {
         hr_qact a;
         const int64_t c = priv ? omp_get_thread_num() : 0; /* this thread's copy of the activation buffers */
-        const act_bufs bufs = {q8 + c * aw,  q8t + c * qtw, q8tl + c * qtw, q16 + c * aw,
+        const act_bufs bufs = {q8 + c * aw,  q8t + c * qtw, q8tl + c * qtw, q16 + c * aw, q16t + c * qtw,
                                d + c * nbw, s + c * nbw,   priv};
         float *xs = xn + c * aw;
 #pragma omp for schedule(static)
@@ -295,6 +298,6 @@ int hr_native_step(const hr_native_model *m, int64_t T, const int64_t *ids, cons
     if (stop) rc = -3;
 done:
     free(h), free(xn), free(qb), free(kb), free(vb), free(qr), free(g), free(u), free(d), free(s);
-    free(slot), free(seen), free(q8), free(q8t), free(q8tl), free(q16);
+    free(slot), free(seen), free(q8), free(q8t), free(q8tl), free(q16), free(q16t);
     return rc;
 }

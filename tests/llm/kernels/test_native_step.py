@@ -13,7 +13,9 @@ import torch
 
 from headroom.llm import quant_blocks as qb
 from headroom.llm.config import DecoderConfig, EngineConfig
+from headroom.llm.kernels import native
 from headroom.llm.kernels.native import NativeDecoderWeights, NativeLayerWeights, NativeStepKernel, permute_rows
+from headroom.llm.kernels.native_gemm import supported_isas
 from headroom.llm.model import build_model
 from headroom.llm.runner import BatchItem, ModelBatch, TorchRunner
 from headroom.llm.step_cancel import StepCancelled
@@ -115,6 +117,20 @@ def test_batch_invariance_bitwise(lib: ctypes.CDLL, weights: NativeDecoderWeight
         # the final prompt chunk's logits and every decode's are the same bits
         for a, b in zip(base[-4:], got[-4:], strict=True):
             assert np.array_equal(a, b), f"{isa} chunks={chunks} others={others} threads={threads}"
+
+
+def test_packed_layouts_give_the_gguf_layouts_bits(lib: ctypes.CDLL, weights: NativeDecoderWeights,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packed kernels (transposed groups, 16-bit planes, AVX2's transposed 16-bit values) only reorder exact integer
+    sums: a whole step's logits (chunked prefill, then decodes beside other sequences) equal those of the same path
+    reading the GGUF layout, bit for bit."""
+    simd = [isa for isa in supported_isas(lib) if isa != "scalar"]  # every path this CPU runs that has packed layouts
+    got = {isa: _run_a(NativeStepKernel(lib, weights, _caches(), BS, isa), [9, 14], True, 2) for isa in simd}
+    monkeypatch.setattr(native, "pack_tensor", lambda *_: None)
+    for isa in simd:
+        want = _run_a(NativeStepKernel(lib, weights, _caches(), BS, isa), [9, 14], others=True, threads=2)
+        for a, b in zip(want, got[isa], strict=True):
+            assert np.array_equal(a, b), isa
 
 
 def test_close_to_fp32_torch_model(lib: ctypes.CDLL, weights: NativeDecoderWeights) -> None:
