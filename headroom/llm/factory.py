@@ -73,7 +73,9 @@ class LLMService:
         engine, report = await asyncio.to_thread(
             load_engine, self.model_spec, self.engine_config, self.cache_root, None, self.metrics
         )
-        log.info("%s: %s weights%s", self.name, report.weight_format, f"; {report.quality}" if report.quality else "")
+        path = f" on the {report.kernel_path} kernel path" if report.kernel_path else ""
+        quality = f"; {report.quality}" if report.quality else ""
+        log.info("%s: %s weights%s%s", self.name, report.weight_format, path, quality)
         if engine.tokenizer is None:
             raise ValueError(f"{self.model_spec}: no tokenizer found; the OpenAI API needs one")
         if self.chat_template is not None:  # compiled here: a template with a syntax error fails the load

@@ -41,6 +41,7 @@ class LoadReport:
     dtype: str  # activation / K/V dtype
     weight_format: str = "fp32"  # "gguf:Q4_1+Q8_0" (native: the file's formats) | "fp32" | "bf16" | "fp16"
     quality: str = ""  # native: the quality gate's recorded verdict with its numbers (headroom.llm.quality)
+    kernel_path: str = ""  # native: the instruction-set path chosen from cpuid or HEADROOM_KERNEL_ISA (avx2, ...)
 
 
 _DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -96,10 +97,10 @@ def load_engine(
         start = time.monotonic()
         runner = NativeRunner(native, cfg)
         stages["build_runner"] = time.monotonic() - start
-        fmt = native.weight_format
+        fmt, kernel_path = native.weight_format, runner.isa
     else:
         runner, decoder, tokenizer_files, stages = _load_fp32(model, cfg, cache_root)
-        fmt = _DTYPE_NAMES.get(placement.dtype, placement.dtype)
+        fmt, kernel_path = _DTYPE_NAMES.get(placement.dtype, placement.dtype), ""
     start = time.monotonic()
     tokenizer = Tokenizer(tokenizer_files)
     stages["load_tokenizer"] = time.monotonic() - start
@@ -109,7 +110,7 @@ def load_engine(
         proposer = _load_draft(cfg, cache_root, decoder, tokenizer, runner.num_blocks)
         stages["load_draft_model"] = time.monotonic() - start
     engine = LLMEngine(runner, cfg, decoder.max_position_embeddings, tokenizer, clock, observer, proposer)
-    report = LoadReport(stages, runner.num_blocks, placement.device, placement.dtype, fmt, quality)
+    report = LoadReport(stages, runner.num_blocks, placement.device, placement.dtype, fmt, quality, kernel_path)
     return engine, report
 
 

@@ -15,6 +15,8 @@ import torch
 
 from headroom.llm.config import EngineConfig
 from headroom.llm.engine import LLMEngine
+from headroom.llm.kernels.build import load_library
+from headroom.llm.kernels.native_gemm import resolve_isa
 from headroom.llm.native_runner import NativeRunner
 from headroom.llm.offline import DEFAULT_MODEL, LLM, build_engine, load_engine
 from headroom.llm.request import SamplingParams
@@ -71,6 +73,7 @@ def test_default_serves_the_gguf_natively_close_to_the_fp32_reference(
     engine, report = default_engine
     assert isinstance(engine.runner, NativeRunner)
     assert report.weight_format == "gguf:Q4_1+Q8_0"
+    assert report.kernel_path == engine.runner.isa == resolve_isa(load_library())  # logged at start with the format
     assert not any(stage.startswith("convert_gguf_fp32") for stage in report.stages_s)  # no fp32 copy made
     assert report.quality.startswith("quality of gguf:Q4_1+Q8_0")  # what the server logs at start
     prompt = _prompt(engine, CHATS[0])

@@ -67,4 +67,4 @@ def test_intact_weights_agree_and_corrupted_scales_are_refused(smollm2: LoadedCh
     with pytest.raises(QualityGateError, match=r"gguf:Q4_1\+Q8_0 is refused by the quality gate.*perplexity"):
         load_engine(DEFAULT_MODEL, EngineConfig(kv_cache_memory_mb=16), root)
     _, report = load_engine(DEFAULT_MODEL, EngineConfig(kv_cache_memory_mb=16, weight_dtype="fp32"), root)
-    assert report.weight_format == "fp32"  # the reference mode is what the refusal points to
+    assert report.weight_format == "fp32" and report.kernel_path == ""  # the reference mode the refusal points to
