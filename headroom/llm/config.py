@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from headroom.models.config import refuse_unknown_keys
+
 WEIGHT_DTYPES = ("auto", "native", "fp32")  # values of EngineConfig.weight_dtype
 #: Engine keys that existed once: a config that still sets one is refused with what replaced it (A/B switches
 #: whose losing side was removed once the benchmarks settled them).
@@ -17,6 +19,9 @@ REMOVED_KEYS = {
     "decode_backend": "removed in session 7: native weights always use the native decode step",
     "kernel_decode_max_seqs": "removed in session 7: the native decode step serves every batch size",
 }
+#: The other keys an LLM model's `parameters:` may carry (read by headroom.llm.factory and the data plane); any key
+#: that is neither one of these nor an EngineConfig field is a mistake and refused with a did-you-mean.
+SERVICE_KEYS = ("model", "gguf", "served_model_name", "cache_dir", "warmup_tokens", "chat_template", "labels")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,15 +144,18 @@ class EngineConfig:
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, Any]) -> EngineConfig:
-        """Pick the engine keys out of a config.yaml `parameters:` mapping (other keys are ignored; a key the
-        engine no longer has is refused with what replaced it, `REMOVED_KEYS`)."""
+        """Pick the engine keys out of a config.yaml `parameters:` mapping. The service's own keys
+        (`SERVICE_KEYS`) are left to it; a key the engine no longer has is refused with what replaced it
+        (`REMOVED_KEYS`), and any other unknown key (a typo: `max_num_seq`) with the closest known one."""
         known = {f.name: f for f in fields(cls)}
         kwargs: dict[str, Any] = {}
         for key, value in params.items():
             if key in REMOVED_KEYS:
                 raise ValueError(f"parameters.{key}: {REMOVED_KEYS[key]}; delete the key")
-            if key not in known:
+            if key in SERVICE_KEYS:
                 continue
+            if key not in known:
+                refuse_unknown_keys({key: value}, [*known, *SERVICE_KEYS], "parameters")
             default = getattr(cls(), key)
             kwargs[key] = type(default)(value) if not isinstance(default, bool) else _as_bool(key, value)
         cfg = cls(**kwargs)

@@ -82,7 +82,7 @@ STRINGS = frozenset({"model", "user", "safety_identifier"})
 #: Fields beyond OpenAI's API that headroom honours, with vLLM's meaning (docs/openai.md lists them).
 VENDOR_EXTENSIONS = (
     "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "priority",
-    "include_stop_str_in_output",
+    "include_stop_str_in_output", "cache_salt",
 )
 
 _FUNCTIONS = "functions and function_call are deprecated by OpenAI and not supported; use tools and tool_choice"

@@ -26,6 +26,7 @@ then to the defaults above. Validation raises ValueError naming the file and key
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -100,7 +101,9 @@ def parse_runtime(raw: Any, backend: str, where: str) -> RuntimeConfig:
     known = (*TORCH_KEYS, *ONNX_KEYS, *SHARED_KEYS)
     unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown}; known: {sorted(known)}")
+        close = difflib.get_close_matches(str(unknown[0]), known, n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ValueError(f"{where}: unknown keys {unknown}{hint} (known: {sorted(known)})")
     foreign = {"torch": ONNX_KEYS, "onnxruntime": TORCH_KEYS}.get(backend, (*TORCH_KEYS, *ONNX_KEYS))
     misplaced = sorted(k for k in raw if k in foreign)
     if misplaced:

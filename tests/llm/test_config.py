@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,11 +38,22 @@ def test_smollm2_config_yields_engine_settings() -> None:
         ({"wide_step_min_tokens": 32}, "parameters.wide_step_min_tokens: removed .* set num_threads"),
         ({"decode_backend": "torch"}, "parameters.decode_backend: removed in session 7"),
         ({"kernel_decode_max_seqs": 8}, "parameters.kernel_decode_max_seqs: removed"),
+        ({"max_num_seq": 4}, "unknown key 'max_num_seq'; did you mean 'max_num_seqs'"),  # a typo is not ignored
+        ({"kv_cache_memory_mib": 64}, "unknown key 'kv_cache_memory_mib'; did you mean 'kv_cache_memory_mb'"),
+        ({"served_model": "x"}, "unknown key 'served_model'; did you mean 'served_model_name'"),
+        ({"temperature": 0.2}, r"unknown key 'temperature' \(known: block_size_tokens"),  # a request field
     ],
 )
 def test_bad_parameters_say_what_to_fix(params: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         EngineConfig.from_parameters(params)
+
+
+def test_a_typo_in_an_llm_models_parameters_fails_its_load() -> None:
+    cfg = load_model_config(REPO / "models" / "smollm2")
+    typo = replace(cfg, parameters={**cfg.parameters, "enable_prefix_cashing": False})
+    with pytest.raises(ValueError, match="did you mean 'enable_prefix_caching'"):
+        build_llm_service(typo, CollectorRegistry())
 
 
 def test_factory_refuses_other_backends() -> None:

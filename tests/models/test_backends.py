@@ -152,6 +152,7 @@ DIGITS_TORCH_PARAMS = (
         ("onnxruntime", "{execution_provider: cuda}", r"execution_provider: expected an onnxruntime provider"),
         ("onnxruntime", "{optimized_model_cache: 1}", r"optimized_model_cache: expected true or false"),
         ("onnxruntime", "{turbo: true}", r"unknown keys \['turbo'\]"),
+        ("onnxruntime", "{intra_op_thread: 2}", r"unknown keys \['intra_op_thread'\]; did you mean 'intra_op_threads'"),
         ("onnxruntime", "[compile]", r"runtime: must be a mapping"),
     ],
 )
