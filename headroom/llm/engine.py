@@ -35,7 +35,7 @@ from headroom.llm.scheduler import Scheduler, SchedulerLimits
 from headroom.llm.spec_decode import DraftProposer, verify_greedy
 from headroom.llm.step_batch import BatchItem, ModelBatch, Runner
 from headroom.llm.step_cancel import StepCancel, StepCancelled
-from headroom.llm.step_stats import EngineObserver, StepStats
+from headroom.llm.step_stats import EngineObserver, SpecTally, StepStats
 from headroom.llm.stopping import check_stop
 from headroom.llm.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -228,7 +228,7 @@ class LLMEngine:
             logits = self.runner.execute(batch)
         except StepCancelled:  # every request in it is being aborted: their queued aborts free the blocks next
             self.cancel.end(cancelled=True)
-            self._report(before, 0, len(decision.preempted), 0, 0, 0, 0, cancelled=True)
+            self._report(before, 0, len(decision.preempted), 0, 0, cancelled=True)
             return []
         self.cancel.end(cancelled=False)
         now = self.clock.now_s()
@@ -236,7 +236,7 @@ class LLMEngine:
         plain: list[tuple[int, Request]] = []
         emitted: dict[str, tuple[list[int], list[TokenLogprob | None]]] = {}
         failed: dict[str, tuple[Request, HeadroomError]] = {}
-        drafted = accepted = 0
+        spec = SpecTally()
         row = 0
         for s in decision.seqs:
             req = reqs[s.request_id]
@@ -249,8 +249,7 @@ class LLMEngine:
             elif s.draft_token_ids:
                 toks, n_ok = verify_greedy(rows, s.draft_token_ids)
                 req.num_computed_tokens += n_ok
-                drafted += len(s.draft_token_ids)
-                accepted += n_ok
+                spec.add(len(s.draft_token_ids), n_ok)
                 emitted[req.request_id] = (toks, [None] * len(toks))
             else:
                 plain.append((row, req))
@@ -293,14 +292,13 @@ class LLMEngine:
             outs.append(self._output(req, n_new, delta, now))
         for req, err in failed.values():
             outs.extend(self._fail(req, err, now))
-        self.spec_draft_tokens += drafted
-        self.spec_accepted_tokens += accepted
-        self._report(before, decision.num_batched_tokens, len(decision.preempted), prompt_tokens, generated, drafted,
-                     accepted)
+        self.spec_draft_tokens += spec.draft_tokens
+        self.spec_accepted_tokens += spec.accepted_tokens
+        self._report(before, decision.num_batched_tokens, len(decision.preempted), prompt_tokens, generated, spec)
         return outs
 
     def _report(self, before: KVCacheStats, num_batched_tokens: int, num_preempted: int, prompt_tokens: int,
-                generated: int, drafted: int, accepted: int, cancelled: bool = False) -> None:
+                generated: int, spec: SpecTally | None = None, cancelled: bool = False) -> None:
         """Hand the observer the step's StepStats (`before`: the KV stats when the step began)."""
         if self.observer is not None:
             after = self.kv.stats()
@@ -315,8 +313,10 @@ class LLMEngine:
                     generation_tokens=generated,
                     prefix_queries_tokens=after.prefix_queries_tokens - before.prefix_queries_tokens,
                     prefix_hits_tokens=after.prefix_hits_tokens - before.prefix_hits_tokens,
-                    spec_draft_tokens=drafted,
-                    spec_accepted_tokens=accepted,
+                    spec_draft_tokens=spec.draft_tokens if spec else 0,
+                    spec_accepted_tokens=spec.accepted_tokens if spec else 0,
+                    spec_drafts=spec.drafts if spec else 0,
+                    spec_accepted_per_pos=tuple(spec.accepted_per_pos) if spec else (),
                     cancelled=cancelled,
                 )
             )

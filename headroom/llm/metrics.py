@@ -31,6 +31,9 @@ Naming: vLLM's metric names and meanings with the `vllm:` prefix replaced by `he
     headroom_llm_request_success_total{finished_reason} counter  finished requests (stop | length | abort)
     headroom_llm_spec_decode_num_draft_tokens_total    counter    speculative tokens proposed (n-gram or draft model)
     headroom_llm_spec_decode_num_accepted_tokens_total counter    of those, accepted (rate = accepted / draft)
+    headroom_llm_spec_decode_num_drafts_total          counter    drafts verified (mean accepted length =
+                                                                 1 + accepted / drafts)
+    headroom_llm_spec_decode_num_accepted_tokens_per_pos_total{position} counter  accepted tokens by draft position
     headroom_llm_steps_cancelled_total                counter    engine steps stopped early because every request
                                                                  in them was aborted (headroom only)
     headroom_llm_cold_start_seconds{stage}            gauge      time of each cold-start stage
@@ -88,6 +91,11 @@ class LLMMetrics:
         self.generation_tokens = counter("generation_tokens", "Generated tokens.")
         self.spec_draft = counter("spec_decode_num_draft_tokens", "Speculative tokens proposed.")
         self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Speculative tokens accepted.")
+        self.spec_drafts = counter("spec_decode_num_drafts", "Drafts verified (sequences with speculative tokens).")
+        self.spec_accepted_per_pos = Counter(
+            P + "spec_decode_num_accepted_tokens_per_pos", "Accepted speculative tokens by draft position.",
+            ["model_name", "position"], registry=registry,
+        )
         self.steps_cancelled = counter("steps_cancelled", "Engine steps stopped early: all their requests aborted.")
         self.success = Counter(
             P + "request_success", "Finished requests.", ["model_name", "finished_reason"], registry=registry
@@ -129,6 +137,9 @@ class LLMMetrics:
         self.generation_tokens.labels(m).inc(stats.generation_tokens)
         self.spec_draft.labels(m).inc(stats.spec_draft_tokens)
         self.spec_accepted.labels(m).inc(stats.spec_accepted_tokens)
+        self.spec_drafts.labels(m).inc(stats.spec_drafts)
+        for position, n in enumerate(stats.spec_accepted_per_pos):
+            self.spec_accepted_per_pos.labels(m, str(position)).inc(n)
         self.steps_cancelled.labels(m).inc(stats.cancelled)
         if stats.num_batched_tokens:
             self.iteration_tokens.labels(m).observe(stats.num_batched_tokens)

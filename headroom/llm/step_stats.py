@@ -3,7 +3,7 @@ per-token, finish and gauge events (the Prometheus metrics implement it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from headroom.llm.request import Request
@@ -24,7 +24,28 @@ class StepStats:
     prefix_hits_tokens: int  # of those, found cached
     spec_draft_tokens: int = 0  # speculative tokens proposed this step
     spec_accepted_tokens: int = 0  # of those, accepted by verification
+    spec_drafts: int = 0  # sequences verified against a draft this step
+    spec_accepted_per_pos: tuple[int, ...] = ()  # [p]: drafts whose token at position p was accepted
     cancelled: bool = False  # the step stopped early: every request in it was being aborted (StepCancel)
+
+
+@dataclass(slots=True)
+class SpecTally:
+    """One step's speculative decoding: drafts verified, their tokens, and what was accepted (a prefix of each
+    draft, so position p counts when the first p + 1 draft tokens were accepted)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def add(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.drafts += 1
+        self.draft_tokens += num_draft_tokens
+        self.accepted_tokens += num_accepted
+        self.accepted_per_pos.extend([0] * (num_draft_tokens - len(self.accepted_per_pos)))
+        for p in range(num_accepted):
+            self.accepted_per_pos[p] += 1
 
 
 class EngineObserver(Protocol):

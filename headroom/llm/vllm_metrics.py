@@ -46,6 +46,8 @@ VLLM_NAMES: Mapping[str, str] = {
     "iteration_tokens_total": "iteration_tokens_total",
     "spec_decode_num_draft_tokens": "spec_decode_num_draft_tokens",
     "spec_decode_num_accepted_tokens": "spec_decode_num_accepted_tokens",
+    "spec_decode_num_drafts": "spec_decode_num_drafts",
+    "spec_decode_num_accepted_tokens_per_pos": "spec_decode_num_accepted_tokens_per_pos",
 }
 
 

@@ -292,6 +292,18 @@ async def test_server_serves_with_a_draft_model_and_exports_acceptance(tiny_chat
     assert float(drafted[0].split()[-1]) > 0
     assert float(accepted[0].split()[-1]) == float(drafted[0].split()[-1])  # its own draft: all accepted
 
+    def value(name: str, **labels: str) -> float:
+        got = registry.get_sample_value(name, {"model_name": service.name, **labels})
+        assert got is not None, (name, labels)
+        return got
+
+    drafts = value("headroom_llm_spec_decode_num_drafts_total")
+    per_pos = [value("headroom_llm_spec_decode_num_accepted_tokens_per_pos_total", position=str(p)) for p in range(3)]
+    assert drafts > 0 and per_pos[0] == drafts  # every draft's first token accepted (its own model drafts)
+    assert per_pos[0] >= per_pos[1] >= per_pos[2] and sum(per_pos) == float(accepted[0].split()[-1])
+    assert value("vllm:spec_decode_num_drafts_total", engine="0") == drafts  # vLLM's names, same values
+    assert value("vllm:spec_decode_num_accepted_tokens_per_pos_total", engine="0", position="1") == per_pos[1]
+
 
 def test_ngram_proposer_is_prompt_lookup_behind_the_same_seam() -> None:
     from headroom.llm.spec_decode import NgramProposer, propose_ngram
