@@ -126,11 +126,18 @@ def llm_deployment_options(spec: ServeAppSpec, autoscaler: AutoscalerConfig | No
     return options
 
 
-def ingress_deployment_options(spec: ServeAppSpec) -> dict[str, Any]:
+def ingress_deployment_options(spec: ServeAppSpec, autoscaler: AutoscalerConfig | None = None,
+                               kinds: tuple[bool, bool] = (True, False)) -> dict[str, Any]:
+    """The HTTP ingress only translates and awaits, so it may hold every request the replicas behind it may hold
+    at their autoscaling ceiling (4x, for queued and retried calls): tensor and LLM replicas (`kinds`) alike."""
+    tensor, llm = kinds
+    most = spec.replicas if autoscaler is None else max(spec.replicas, autoscaler.max_replicas)
+    llm_bounds = None if autoscaler is None else with_bounds(autoscaler, spec.llm_min_replicas, spec.llm_max_replicas)
+    most_llm = spec.llm_replicas if llm_bounds is None else max(spec.llm_replicas, llm_bounds.max_replicas)
+    ceiling = tensor * spec.replica_capacity * most + llm * spec.llm_capacity * most_llm
     return {"name": INGRESS_DEPLOYMENT, "num_replicas": spec.ingress_replicas,
             "ray_actor_options": {"num_cpus": spec.ingress_num_cpus},
-            # the ingress only translates and awaits: let it hold every request the model replicas may hold
-            "max_ongoing_requests": max(100, spec.replica_capacity * spec.replicas * 4)}
+            "max_ongoing_requests": max(100, 4 * ceiling)}
 
 
 def build_app(args: AppArgs) -> Any:
@@ -147,7 +154,7 @@ def build_app(args: AppArgs) -> Any:
     models = (serve.deployment(**models_deployment_options(spec, autoscaler))(ModelReplica).bind(spec)
               if tensor else None)
     llms = serve.deployment(**llm_deployment_options(spec, autoscaler))(LLMReplica).bind(spec) if llm else None
-    ingress = serve.deployment(**ingress_deployment_options(spec))(HttpIngress)
+    ingress = serve.deployment(**ingress_deployment_options(spec, autoscaler, (tensor, llm)))(HttpIngress)
     return ingress.bind(models, spec, llms)
 
 
@@ -184,7 +191,7 @@ def serve_config(args: AppArgs, host: str = "0.0.0.0", port: int = 8000, name: s
     spec = args.spec()  # validates
     tensor, llm = _rendered_kinds(spec)
     autoscaler = args.autoscaler_config()
-    chosen = [ingress_deployment_options(spec)]
+    chosen = [ingress_deployment_options(spec, autoscaler, (tensor, llm))]
     chosen += [models_deployment_options(spec, autoscaler)] if tensor else []
     chosen += [llm_deployment_options(spec, autoscaler)] if llm else []
     deployments = [{k: v for k, v in options.items() if k != "request_router_config"} for options in chosen]

@@ -66,6 +66,17 @@ def test_serve_config_is_a_valid_serve_deploy_file() -> None:
     assert AppArgs.model_validate(app["args"]) == args  # the file's args rebuild the same application
 
 
+def test_the_ingress_holds_what_the_replicas_hold_at_their_autoscaling_ceiling() -> None:
+    fixed = serve_config(AppArgs.model_validate({"model_repository": str(REPO), "models": ["minilm"]}))
+    ingress = next(d for d in fixed["applications"][0]["deployments"] if d["name"] == INGRESS_DEPLOYMENT)
+    assert ingress["max_ongoing_requests"] == 100  # 1 replica x 8: the floor
+    scaled = AppArgs.model_validate({"model_repository": str(REPO), "models": ["smollm2", "minilm"], "autoscale": True,
+                                     "min_replicas": 1, "max_replicas": 6, "replica_capacity": 8,
+                                     "llm_max_replicas": 3})
+    ingress = next(d for d in serve_config(scaled)["applications"][0]["deployments"] if d["name"] == INGRESS_DEPLOYMENT)
+    assert ingress["max_ongoing_requests"] == 4 * (6 * 8 + 3 * 32)  # tensor and LLM replicas at their max
+
+
 def test_rendering_a_serve_config_does_not_import_ray() -> None:
     """`headroom deploy ray` (no --run) and `headroom deploy k8s` work where Ray is not installed."""
     code = ("import sys; from headroom.cli.deploy import app; from headroom.ray_serve.app import AppArgs, "
