@@ -103,6 +103,9 @@ class LLMService:
         stages["total"] = time.monotonic() - start
         self.load_report, self.cold_start_s = report, stages
         self.metrics.set_cold_start(stages)
+        cfg = self.engine_config
+        self.metrics.set_cache_config(cfg.block_size_tokens, report.num_kv_blocks, report.dtype,
+                                      cfg.enable_prefix_caching)
         return running
 
     def _attach(self, running: AsyncLLMEngine) -> None:

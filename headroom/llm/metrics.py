@@ -37,6 +37,8 @@ Naming: vLLM's metric names and meanings with the `vllm:` prefix replaced by `he
     headroom_llm_steps_cancelled_total                counter    engine steps stopped early because every request
                                                                  in them was aborted (headroom only)
     headroom_llm_cold_start_seconds{stage}            gauge      time of each cold-start stage
+    headroom_llm_cache_config_info{block_size, num_gpu_blocks, cache_dtype, enable_prefix_caching}
+                                                      gauge      1, the loaded engine's KV cache configuration
 """
 
 from __future__ import annotations
@@ -102,6 +104,10 @@ class LLMMetrics:
         )
         self.cold_start = Gauge(
             P + "cold_start_seconds", "Cold-start stage durations.", ["model_name", "stage"], registry=registry
+        )
+        self.cache_config = Gauge(
+            P + "cache_config_info", "The KV cache's configuration (value 1; the labels carry it).",
+            ["model_name", "block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching"], registry=registry,
         )
         self.prefill = hist("request_prefill_time_seconds", "First scheduled to first token.", _LATENCY_BUCKETS)
         self.decode = hist("request_decode_time_seconds", "First token to last token.", _LATENCY_BUCKETS)
@@ -180,6 +186,12 @@ class LLMMetrics:
         self.req_max_generation.labels(m).observe(most)
         self.params_n.labels(m).observe(req.params.n)
         self.params_max_tokens.labels(m).observe(req.params.max_tokens)
+
+    def set_cache_config(self, block_size: int, num_blocks: int, dtype: str, prefix_caching: bool) -> None:
+        """vLLM's `cache_config_info` (capacity in tokens = num_gpu_blocks x block_size; the pool is in host memory
+        on CPU, the name is vLLM's): the loaded engine's, replacing an earlier load's."""
+        self.cache_config.clear()
+        self.cache_config.labels(self._model, str(block_size), str(num_blocks), dtype, str(prefix_caching)).set(1)
 
     def set_cold_start(self, stages_s: Mapping[str, float]) -> None:
         for stage, seconds in stages_s.items():

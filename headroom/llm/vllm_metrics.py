@@ -48,6 +48,7 @@ VLLM_NAMES: Mapping[str, str] = {
     "spec_decode_num_accepted_tokens": "spec_decode_num_accepted_tokens",
     "spec_decode_num_drafts": "spec_decode_num_drafts",
     "spec_decode_num_accepted_tokens_per_pos": "spec_decode_num_accepted_tokens_per_pos",
+    "cache_config_info": "cache_config_info",
 }
 
 

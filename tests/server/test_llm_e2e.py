@@ -178,6 +178,7 @@ VLLM_SERIES = (
     "vllm:request_decode_time_seconds_bucket", "vllm:request_prompt_tokens_bucket",
     "vllm:request_generation_tokens_bucket", "vllm:request_max_num_generation_tokens_bucket",
     "vllm:request_params_n_bucket", "vllm:request_params_max_tokens_bucket", "vllm:iteration_tokens_total_bucket",
+    "vllm:cache_config_info",
 )
 
 
@@ -200,6 +201,9 @@ def test_vllm_metric_names_and_dashboard_against_the_live_server(llm_server: Run
         assert name in series, f"{name} is not exported"
         assert {"model_name": "smollm2", "engine": "0"}.items() <= series[name][0].items(), series[name][0]
     assert "headroom_llm_time_to_first_token_seconds_bucket" in series  # headroom's own names stay
+    cache = series["vllm:cache_config_info"]
+    assert len(cache) == 1 and cache[0]["block_size"] == "16" and int(cache[0]["num_gpu_blocks"]) > 100
+    assert cache[0]["enable_prefix_caching"] == "True"  # models/smollm2/config.yaml
     doc = json.loads(VLLM_DASHBOARD.read_text())
     exprs = [t["expr"] for p in doc["panels"] for t in p["targets"]]
     assert len(exprs) >= 25
