@@ -123,6 +123,8 @@ class LLMEngine:
                 f"{self.kv.num_blocks}; lower max_tokens or raise kv_cache_memory_mb"
             )
         if self.scheduler.waiting_full(params.n):
+            if self.observer is not None:
+                self.observer.on_rejected("max_num_queued_reqs")
             raise RateLimited(
                 f"the waiting queue is full ({self.config.max_waiting_requests} requests); retry later",
                 retry_after_s=self.config.retry_after_s,

@@ -37,6 +37,18 @@ Naming: vLLM's metric names and meanings with the `vllm:` prefix replaced by `he
     headroom_llm_steps_cancelled_total                counter    engine steps stopped early because every request
                                                                  in them was aborted (headroom only)
     headroom_llm_cold_start_seconds{stage}            gauge      time of each cold-start stage
+    headroom_llm_num_requests_waiting_by_reason{reason} gauge    capacity = all waiting (deferred: always 0, headroom
+                                                                 defers nothing)
+    headroom_llm_prompt_tokens_by_source{source}      counter    local_compute, local_cache_hit (external_kv_transfer 0)
+    headroom_llm_prompt_tokens_cached_total           counter    prompt tokens served from the prefix cache
+    headroom_llm_prompt_tokens_cached_by_source{source} counter  device (the engine's own KV pool) | host, p2p, disk,
+                                                                 external_unspecified (0: no tiers, no connector)
+    headroom_llm_request_num_preemptions              histogram  times a sequence was preempted
+    headroom_llm_request_prefill_kv_computed_tokens   histogram  prompt tokens a sequence computed (not cached)
+    headroom_llm_admission_rejections_total{reason}   counter    max_num_queued_reqs: the waiting queue was full (429)
+    headroom_llm_engine_sleep_state{sleep_state}      gauge      awake 1 (headroom's engine has no sleep mode)
+    headroom_llm_external_prefix_cache_{queries,hits}_total, headroom_llm_mm_cache_{queries,hits}_total
+                                                      counter    0: no KV connector, text only (vLLM always has them)
     headroom_llm_cache_config_info{block_size, num_gpu_blocks, cache_dtype, enable_prefix_caching}
                                                       gauge      1, the loaded engine's KV cache configuration
 """
@@ -44,6 +56,7 @@ Naming: vLLM's metric names and meanings with the `vllm:` prefix replaced by `he
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
@@ -57,7 +70,12 @@ _TOKEN_GAP_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 
 _TOKEN_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 _ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
 _N_BUCKETS = (1, 2, 5, 10, 20)
+_PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)  # vLLM's
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")  # vLLM's PromptTokenStats
+CACHE_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")  # vLLM's CacheHitSource
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 P = "headroom_llm_"
+_M = TypeVar("_M", Counter, Gauge)
 
 
 class LLMMetrics:
@@ -120,18 +138,60 @@ class LLMMetrics:
         self.params_n = hist("request_params_n", "The request's n.", _N_BUCKETS)
         self.params_max_tokens = hist("request_params_max_tokens", "The request's max_tokens.", _TOKEN_COUNT_BUCKETS)
         self.iteration_tokens = hist("iteration_tokens_total", "Tokens run per engine step.", _ITERATION_BUCKETS)
+        self._vllm_033_series(registry)
         self._siblings: dict[str, tuple[int, int]] = {}  # parent id -> (sequences still running, most tokens)
         own = [m for m in vars(self).values() if isinstance(m, MetricWrapperBase)]
         register_vllm_aliases(registry, {next(iter(m.describe())).name[len(P) :]: m for m in own})
         for g in (self.running, self.waiting, self.kv_usage):
             g.labels(model_name).set(0)
 
+    def _vllm_033_series(self, registry: CollectorRegistry) -> None:
+        """The series vLLM 0.33's PrometheusStatLogger exports on every server, beyond the classic ones."""
+        m = self._model
+
+        def labelled(kind: type[_M], name: str, doc: str, label: str, values: tuple[str, ...]) -> _M:
+            metric = kind(P + name, doc, ["model_name", label], registry=registry)
+            for value in values:
+                metric.labels(m, value)
+            return metric
+
+        self.waiting_by_reason = labelled(Gauge, "num_requests_waiting_by_reason", "Waiting sequences by reason.",
+                                          "reason", ("capacity", "deferred"))
+        self.prompt_by_source = labelled(Counter, "prompt_tokens_by_source", "Prompt tokens by source.", "source",
+                                         PROMPT_SOURCES)
+        self.prompt_cached = Counter(P + "prompt_tokens_cached", "Prompt tokens served from the prefix cache.",
+                                     ["model_name"], registry=registry)
+        self.cached_by_source = labelled(Counter, "prompt_tokens_cached_by_source",
+                                         "Prefix-cache hit tokens by the tier that held them.", "source", CACHE_SOURCES)
+        self.admission_rejections = labelled(Counter, "admission_rejections", "Requests refused at admission.",
+                                             "reason", ADMISSION_REASONS)
+        sleep = labelled(Gauge, "engine_sleep_state", "Engine sleep state (always awake).", "sleep_state",
+                         ("awake", "weights_offloaded", "discard_all"))
+        sleep.labels(m, "awake").set(1)
+        self.sleep_state = sleep
+        for name, doc in (("external_prefix_cache_queries", "KV-connector prefix cache queries (none)."),
+                          ("external_prefix_cache_hits", "KV-connector prefix cache hits (none)."),
+                          ("mm_cache_queries", "Multi-modal cache queries (text only)."),
+                          ("mm_cache_hits", "Multi-modal cache hits (text only).")):
+            setattr(self, name, Counter(P + name, doc, ["model_name"], registry=registry))
+            getattr(self, name).labels(m)
+        self.prompt_cached.labels(m)
+        self.req_preemptions = Histogram(P + "request_num_preemptions", "Times a sequence was preempted.",
+                                         ["model_name"], registry=registry, buckets=_PREEMPTION_BUCKETS)
+        self.req_kv_computed = Histogram(P + "request_prefill_kv_computed_tokens",
+                                         "Prompt tokens a sequence computed (not served from the cache).",
+                                         ["model_name"], registry=registry, buckets=_TOKEN_COUNT_BUCKETS)
+
     def on_gauges(self, num_running: int, num_waiting: int, kv_cache_usage: float) -> None:
         """The engine's state now: after every step, abort and disconnect (never stale while idle)."""
         m = self._model
         self.running.labels(m).set(num_running)
         self.waiting.labels(m).set(num_waiting)
+        self.waiting_by_reason.labels(m, "capacity").set(num_waiting)
         self.kv_usage.labels(m).set(kv_cache_usage)
+
+    def on_rejected(self, reason: str) -> None:
+        self.admission_rejections.labels(self._model, reason).inc()
 
     def on_step(self, stats: StepStats) -> None:
         m = self._model
@@ -152,7 +212,13 @@ class LLMMetrics:
 
     def on_token(self, req: Request, now_s: float, first: bool) -> None:
         if first:
-            self.ttft.labels(self._model).observe(now_s - req.arrival_s)
+            m = self._model
+            self.ttft.labels(m).observe(now_s - req.arrival_s)
+            cached = min(req.num_cached_tokens, req.num_prompt_tokens)
+            self.prompt_by_source.labels(m, "local_compute").inc(req.num_prompt_tokens - cached)
+            self.prompt_by_source.labels(m, "local_cache_hit").inc(cached)
+            self.prompt_cached.labels(m).inc(cached)
+            self.cached_by_source.labels(m, "device").inc(cached)
         elif req.last_token_s is not None:
             self.itl.labels(self._model).observe(now_s - req.last_token_s)
 
@@ -177,6 +243,8 @@ class LLMMetrics:
                 self.prefill.labels(m).observe(req.first_token_s - req.first_scheduled_s)
                 self.decode.labels(m).observe(max(0.0, last_token_s - req.first_token_s))
         self.req_generation.labels(m).observe(req.num_output_tokens)
+        self.req_preemptions.labels(m).observe(req.num_preemptions)
+        self.req_kv_computed.labels(m).observe(max(0, req.num_prompt_tokens - req.num_cached_tokens))
         remaining, most = self._siblings.pop(req.parent_id, (req.params.n, 0))
         remaining, most = remaining - 1, max(most, req.num_output_tokens)
         if remaining > 0:

@@ -58,3 +58,6 @@ class EngineObserver(Protocol):
     def on_finish(self, req: Request, now_s: float) -> None: ...
 
     def on_gauges(self, num_running: int, num_waiting: int, kv_cache_usage: float) -> None: ...
+
+    def on_rejected(self, reason: str) -> None:
+        """A request refused at admission; `reason` is vLLM's (`max_num_queued_reqs`: the waiting queue is full)."""

@@ -4,7 +4,11 @@ vLLM's labels (`model_name`, `engine`), so vLLM's Grafana dashboards and alert r
 The aliases are made at scrape time from headroom's own metric objects (a `Collector`), so the engine's hot
 path observes each value once and both names always agree. `VLLM_NAMES` maps vLLM's name to headroom's;
 `vllm:time_per_output_token_seconds` is the inter-token latency (vLLM's older name for
-`vllm:inter_token_latency_seconds`). `engine` is the engine index, always "0" (one engine per model).
+`vllm:inter_token_latency_seconds`) and `vllm:gpu_cache_usage_perc` the KV usage (older name for
+`vllm:kv_cache_usage_perc`). `engine` is the engine index, always "0" (one engine per model); like vLLM,
+`vllm:admission_rejections` has no `engine` label. The set is pinned to vLLM 0.33.0's PrometheusStatLogger:
+`tests/server/data/vllm_metrics.json` (made by `scripts/vllm_metric_names.py` from the wheel) lists its series,
+and the live-server test checks each one a vLLM server always exports.
 """
 
 from __future__ import annotations
@@ -49,7 +53,24 @@ VLLM_NAMES: Mapping[str, str] = {
     "spec_decode_num_drafts": "spec_decode_num_drafts",
     "spec_decode_num_accepted_tokens_per_pos": "spec_decode_num_accepted_tokens_per_pos",
     "cache_config_info": "cache_config_info",
+    "gpu_cache_usage_perc": "kv_cache_usage_perc",  # vLLM < 0.10's name, which older dashboards still query
+    # vLLM 0.33's PrometheusStatLogger, series exported on every server (tests/server/data/vllm_metrics.json)
+    "num_requests_waiting_by_reason": "num_requests_waiting_by_reason",
+    "prompt_tokens_by_source": "prompt_tokens_by_source",
+    "prompt_tokens_cached": "prompt_tokens_cached",
+    "prompt_tokens_cached_by_source": "prompt_tokens_cached_by_source",
+    "request_num_preemptions": "request_num_preemptions",
+    "request_prefill_kv_computed_tokens": "request_prefill_kv_computed_tokens",
+    "admission_rejections": "admission_rejections",
+    "engine_sleep_state": "engine_sleep_state",
+    "external_prefix_cache_queries": "external_prefix_cache_queries",
+    "external_prefix_cache_hits": "external_prefix_cache_hits",
+    "mm_cache_queries": "mm_cache_queries",
+    "mm_cache_hits": "mm_cache_hits",
 }
+
+#: vLLM series labelled without `engine` (vLLM counts them in the frontend, not per engine core)
+NO_ENGINE_LABEL = frozenset({"admission_rejections"})
 
 
 class VllmAliases(Collector):
@@ -64,7 +85,8 @@ class VllmAliases(Collector):
                 alias = Metric(name, family.documentation, family.type)
                 for s in family.samples:
                     suffix = s.name[len(family.name) :]
-                    labels = {**s.labels, "engine": ENGINE_INDEX}
+                    engine = {} if name[len(VLLM_PREFIX) :] in NO_ENGINE_LABEL else {"engine": ENGINE_INDEX}
+                    labels = {**s.labels, **engine}
                     alias.add_sample(name + suffix, labels, s.value, s.timestamp, s.exemplar)
                 yield alias
 

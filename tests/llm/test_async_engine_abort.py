@@ -42,6 +42,11 @@ class Gauges:
     def on_finish(self, req: Any, now_s: float) -> None:
         pass
 
+
+    def on_rejected(self, reason: str) -> None:
+
+        pass
+
     def on_gauges(self, num_running: int, num_waiting: int, kv_cache_usage: float) -> None:
         self.seen.append((self.steps(), num_running, num_waiting, kv_cache_usage))
 

@@ -132,6 +132,11 @@ def test_gauges_are_published_on_abort_without_a_step(fake_runner: Callable[...,
         def on_finish(self, req: Any, now_s: float) -> None:
             pass
 
+
+        def on_rejected(self, reason: str) -> None:
+
+            pass
+
         def on_gauges(self, num_running: int, num_waiting: int, kv_cache_usage: float) -> None:
             seen.append((num_running, num_waiting, kv_cache_usage))
 

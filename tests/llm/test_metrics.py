@@ -51,3 +51,38 @@ def test_aliases_refuse_a_missing_source() -> None:
     only = Histogram("headroom_llm_x", "x", registry=registry)
     with pytest.raises(ValueError, match="do not exist"):
         register_vllm_aliases(registry, {"x": only})
+
+
+def test_vllm_033_series_prompt_sources_preemptions_waiting_and_rejections() -> None:
+    registry = CollectorRegistry()
+    metrics = LLMMetrics(registry, "m")
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {**LABELS, **labels})
+
+    req = _finished("r", "r", 1, 3)
+    req.num_cached_tokens, req.num_preemptions = 2, 3
+    metrics.on_token(req, now_s=11.0, first=True)
+    assert value("headroom_llm_prompt_tokens_by_source_total", source="local_compute") == 1
+    assert value("headroom_llm_prompt_tokens_by_source_total", source="local_cache_hit") == 2
+    assert value("headroom_llm_prompt_tokens_by_source_total", source="external_kv_transfer") == 0
+    assert value("headroom_llm_prompt_tokens_cached_total") == 2
+    assert value("headroom_llm_prompt_tokens_cached_by_source_total", source="device") == 2
+    assert value("headroom_llm_prompt_tokens_cached_by_source_total", source="disk") == 0
+    metrics.on_token(req, now_s=11.5, first=False)  # later tokens count nothing more
+    assert value("headroom_llm_prompt_tokens_cached_total") == 2
+    metrics.on_finish(req, now_s=13.0)
+    assert value("headroom_llm_request_num_preemptions_sum") == 3
+    assert value("headroom_llm_request_num_preemptions_bucket", le="2.0") == 0
+    assert value("headroom_llm_request_prefill_kv_computed_tokens_sum") == 1
+    metrics.on_gauges(num_running=2, num_waiting=5, kv_cache_usage=0.5)
+    assert value("headroom_llm_num_requests_waiting_by_reason", reason="capacity") == 5
+    assert value("headroom_llm_num_requests_waiting_by_reason", reason="deferred") == 0
+    metrics.on_rejected("max_num_queued_reqs")
+    assert value("headroom_llm_admission_rejections_total", reason="max_num_queued_reqs") == 1
+    assert value("headroom_llm_admission_rejections_total", reason="max_num_queued_tokens") == 0
+    assert registry.get_sample_value("vllm:admission_rejections_total",
+                                     {"model_name": "m", "reason": "max_num_queued_reqs"}) == 1  # no engine label
+    assert registry.get_sample_value("vllm:prompt_tokens_cached_total", VLLM) == 2
+    assert registry.get_sample_value("vllm:engine_sleep_state", {**VLLM, "sleep_state": "awake"}) == 1
+    assert registry.get_sample_value("vllm:gpu_cache_usage_perc", VLLM) == 0.5

@@ -7,12 +7,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from headroom.core.clock import FakeClock
 from headroom.core.errors import InvalidRequest, RateLimited
 from headroom.llm.config import EngineConfig
 from headroom.llm.engine import LLMEngine
 from headroom.llm.kv_cache import KVCacheManager
+from headroom.llm.metrics import LLMMetrics
 from headroom.llm.request import Request, SamplingParams
 from headroom.llm.runner import ModelBatch
 from headroom.llm.scheduler import Scheduler, SchedulerLimits
@@ -111,9 +113,12 @@ def test_bounded_waiting_queue_rejects_with_retry_after(fake_runner: Callable[..
     engine = _engine(fake_runner, max_waiting_requests=2, retry_after_s=3.0)
     engine.add_request("a", [1], GREEDY)
     engine.add_request("b", [1], GREEDY)
+    engine.observer = LLMMetrics(registry := CollectorRegistry(), "m")
     with pytest.raises(RateLimited) as err:
         engine.add_request("c", [1], GREEDY)
     assert err.value.retry_after_s == 3.0
+    labels = {"model_name": "m", "reason": "max_num_queued_reqs"}
+    assert registry.get_sample_value("vllm:admission_rejections_total", labels) == 1  # vLLM's counter of refusals
     _drain(engine)
 
 
