@@ -13,6 +13,13 @@ One `TritonStatistics` per served version, fed by the data plane (per request) a
                     and compute_output there sum the per-request stages of the requests that ran in
                     batches of that size (headroom pre/postprocesses per request, not per batch)
     last_inference  wall-clock milliseconds since the epoch of the last successful request
+    response_stats  per response index (a string key), Triton's InferResponseStatistics: a tensor model
+                    answers each request with exactly one response, so everything is under "0" (as Triton
+                    reports a non-decoupled model): compute_infer and compute_output as above, success =
+                    their sum (Triton: "the sum of infer and output durations"); fail, empty_response and
+                    cancel stay 0 for tensor models: headroom's failures (refused, queue full, timed out,
+                    model error) are counted in inference_stats.fail by end-to-end time only, without the
+                    per-stage durations a response statistic needs
 
 An LLM (`LLMStatistics`, fed by its OpenAIServing's observer with each request's `LLMUsage`, whatever the
 route: OpenAI, generate, gRPC) maps the engine's per-request timings: queue = admitted -> first scheduled,
@@ -20,6 +27,13 @@ compute_input = parse + tokenize, compute_infer = prefill + decode, compute_outp
 request's time (detokenizing, sending). Each finished request counts as one inference and one execution
 (batch size 1: the engine batches per step, not per request, as Triton's decoupled LLM backends report);
 a request refused, failed or aborted (client gone, past its deadline) counts in `fail`.
+
+An LLM's response_stats are per request, all under "0", not one key per streamed chunk as Triton's
+decoupled backends report: the engine hands over one `LLMUsage` per request with no per-chunk timings, and
+per-chunk keys would grow with max_tokens. A finished request is one successful response (compute_infer =
+prefill + decode, compute_output = the rest, as above); a failed one ("error") is a failed response
+(compute_infer's time so far); an aborted one (client gone, past its deadline) is a `cancel` (count only:
+the cleanup is not timed). A refused request never reached the engine and has no response.
 """
 
 from __future__ import annotations
@@ -47,6 +61,23 @@ class Duration:
 
 
 @dataclass(slots=True)
+class _ResponseStats:
+    """Triton's InferResponseStatistics: one response index's durations."""
+
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    empty_response: Duration = field(default_factory=Duration)
+    cancel: Duration = field(default_factory=Duration)
+
+    def to_json(self) -> dict[str, dict[str, int]]:
+        return {"compute_infer": self.compute_infer.to_json(), "compute_output": self.compute_output.to_json(),
+                "success": self.success.to_json(), "fail": self.fail.to_json(),
+                "empty_response": self.empty_response.to_json(), "cancel": self.cancel.to_json()}
+
+
+@dataclass(slots=True)
 class _BatchStats:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
@@ -67,6 +98,11 @@ class TritonStatistics:
         self.execution_count = 0  # batches executed
         self.last_inference_ms = 0
         self._batches: dict[int, _BatchStats] = {}
+        self._responses: dict[int, _ResponseStats] = {}  # response index -> its statistics
+
+    def response(self, index: int = 0) -> _ResponseStats:
+        """The statistics of each request's `index`-th response (Triton's response_stats key)."""
+        return self._responses.setdefault(index, _ResponseStats())
 
     def on_batch(self, batch_size: int, compute_s: float) -> None:
         """One executed batch of `batch_size` items (from the batcher's observer)."""
@@ -82,6 +118,10 @@ class TritonStatistics:
         self.compute_infer.add(timings.compute_ms / 1e3)
         self.compute_output.add(timings.postprocess_ms / 1e3)
         self.last_inference_ms = wall_ms
+        first = self.response(0)  # one response per request (non-decoupled)
+        first.compute_infer.add(timings.compute_ms / 1e3)
+        first.compute_output.add(timings.postprocess_ms / 1e3)
+        first.success.add((timings.compute_ms + timings.postprocess_ms) / 1e3)
         if batch_size > 0:
             stats = self._batches.setdefault(batch_size, _BatchStats())
             stats.compute_input.add(timings.preprocess_ms / 1e3)
@@ -107,6 +147,7 @@ class TritonStatistics:
                 for size, b in sorted(self._batches.items())
             ],
             "memory_usage": [],
+            "response_stats": {str(index): r.to_json() for index, r in sorted(self._responses.items())},
         }
 
 
@@ -119,6 +160,11 @@ class LLMStatistics:
     def on_usage(self, usage: LLMUsage) -> None:
         if usage.finish_reason in ("error", "abort"):
             self.stats.on_failure(usage.total_ms / 1e3)
+            response = self.stats.response(0)
+            if usage.finish_reason == "abort":
+                response.cancel.add(0.0)
+            else:
+                response.fail.add((usage.prefill_ms + usage.decode_ms) / 1e3)
             return
         compute_ms = usage.prefill_ms + usage.decode_ms
         rest_ms = usage.total_ms - usage.preprocess_ms - usage.queue_ms - compute_ms
