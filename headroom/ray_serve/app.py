@@ -68,8 +68,13 @@ class AppArgs(BaseModel):
     api_keys_file: str = ""  # API keys as `headroom serve --api-keys-file` (headroom.ray_serve.auth)
     llm_min_replicas: int | None = None  # with autoscaling: the LLM deployment's bounds (None: the autoscaler's)
     llm_max_replicas: int | None = None
+    rate_limit_rps: float = 0.0  # per-tenant limits at the ingress, as `headroom serve`'s flags (0 = unlimited)
+    rate_limit_burst: float = 0.0
+    llm_tokens_per_s: float = 0.0
+    llm_token_burst: float = 0.0
+    cors_origins: list[str] = Field(default_factory=list)  # also "http://a,http://b"
 
-    @field_validator("models", "trusted_backends", mode="before")
+    @field_validator("models", "trusted_backends", "cors_origins", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):
@@ -80,6 +85,7 @@ class AppArgs(BaseModel):
         data = self.model_dump()
         kwargs = {f.name: data[f.name] for f in fields(ServeAppSpec)}
         kwargs["models"], kwargs["trusted_backends"] = tuple(self.models), tuple(self.trusted_backends)
+        kwargs["cors_origins"] = tuple(self.cors_origins)
         return ServeAppSpec(**kwargs)
 
     def autoscaler_config(self) -> AutoscalerConfig | None:

@@ -80,6 +80,13 @@ def deploy_ray(
                                                 "the LLM deployment's floor (default: the autoscaler's)."),
     llm_max_replicas: int | None = typer.Option(None, min=1, help="With --autoscale (or the file's autoscaler): "
                                                 "the LLM deployment's ceiling (default: the autoscaler's)."),
+    rate_limit_rps: float = typer.Option(0.0, min=0.0, help="Per-tenant requests per second at the ingress "
+                                         "(0 = unlimited); 429 beyond, as `headroom serve`."),
+    rate_limit_burst: float = typer.Option(0.0, min=0.0, help="Per-tenant request burst (0 = one second's worth)."),
+    llm_tokens_per_s: float = typer.Option(0.0, min=0.0, help="Per-tenant LLM tokens per second at the ingress "
+                                           "(0 = unlimited)."),
+    llm_token_burst: float = typer.Option(0.0, min=0.0, help="Per-tenant LLM token burst."),
+    cors_origin: list[str] = typer.Option([], "--cors-origin", help="Allow this browser origin (repeatable)."),
     host: str = typer.Option("0.0.0.0", help="Address Serve's HTTP proxy binds (127.0.0.1 with --run and no "
                              "--ray-address unless given)."),
     port: int = typer.Option(8000, help="Serve's HTTP port."),
@@ -108,7 +115,10 @@ def deploy_ray(
                                       "trusted_backends": sorted(parse_trusted(trusted_backends)),
                                       "llm_replicas": llm_replicas, "llm_num_cpus": llm_num_cpus,
                                       "llm_min_replicas": llm_min_replicas, "llm_max_replicas": llm_max_replicas,
-                                      "api_keys_file": str(api_keys_file.resolve()) if api_keys_file else ""}
+                                      "api_keys_file": str(api_keys_file.resolve()) if api_keys_file else "",
+                                      "rate_limit_rps": rate_limit_rps, "rate_limit_burst": rate_limit_burst,
+                                      "llm_tokens_per_s": llm_tokens_per_s, "llm_token_burst": llm_token_burst,
+                                      "cors_origins": list(cors_origin)}
         args = AppArgs.model_validate(app_args(fleet, serve_only))
         if serve_router:
             args = args.model_copy(update={"router": "serve"})

@@ -6,9 +6,10 @@ translates (as headroom's own HTTP transport does, with the same codec, `headroo
 same error bodies, `headroom.server.http_errors`): it checks the model against the repository's configs (404
 before the body is read), reads the body under the size limit (413), decodes and validates it (400), then calls
 `ModelReplica.infer` through the handle with the model name as Serve's multiplexed model id, and encodes the
-answer. With the application's API keys (`api_keys_file`), a request without a valid key is refused first, as
-`headroom serve --api-keys-file` refuses it (`headroom.ray_serve.auth`). Every accepted request gets exactly one
-response:
+answer. Every request first passes `headroom serve`'s own gateway (`headroom.ray_serve.auth`: API keys, input
+limits, per-tenant rate limits, CORS), which Serve runs on the request's own ASGI scope: `__call__` returns a
+`GatewayCall`, a Starlette response that Serve sends by calling it as an ASGI app. Every accepted request gets
+exactly one response:
 
 * a model replica that dies (or becomes unreachable) under a request: the request is sent again, up to
   `max_attempts` tries with a doubling backoff (inference is idempotent); after that 503 `not_ready`;
@@ -28,19 +29,22 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from headroom.core.deadline import client_timeout_ms
 from headroom.core.errors import HeadroomError, ModelNotFound
 from headroom.core.server_timing import server_timing_header
 from headroom.core.types import InferenceRequest
+from headroom.gateway.app import wrap_app
 from headroom.gateway.limits import read_body
+from headroom.gateway.ratelimit import RateLimiter
 from headroom.models.config import ModelConfig
 from headroom.models.repository import ModelRepository
 from headroom.protocol.http_request import parse_header_length
 from headroom.protocol.v2_http import decode_infer_request, encode_infer_response
 from headroom.ray_serve.app import LLM_DEPLOYMENT, MODELS_DEPLOYMENT
 from headroom.ray_serve.asgi_call import REPLICA_HEADER
-from headroom.ray_serve.auth import IngressAuth
+from headroom.ray_serve.auth import IngressAuth, ingress_gateway
 from headroom.ray_serve.fleet_metrics import FleetMetrics
 from headroom.ray_serve.grpc_ingress import GrpcIngress
 from headroom.ray_serve.openai_ingress import OpenAIIngress
@@ -73,6 +77,18 @@ def _json(payload: object, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
 
 
+class GatewayCall(Response):
+    """The answer `HttpIngress.__call__` gives Serve: sent (Serve calls a returned Response as an ASGI app with
+    the request's scope, receive and send) by running the gateway-wrapped ingress on that very request."""
+
+    def __init__(self, app: Any) -> None:
+        super().__init__()
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
 class HttpIngress(GrpcIngress):
     """The Serve deployment body of the ingress (`headroom.ray_serve.app` decorates it)."""
 
@@ -90,12 +106,20 @@ class HttpIngress(GrpcIngress):
                       "streams_broken": 0}
         self.openai = OpenAIIngress(spec, models, llm, self.configs, self.stats)
         self.fleet = FleetMetrics({MODELS_DEPLOYMENT: models, LLM_DEPLOYMENT: llm}, self.stats)
-        self.auth = IngressAuth.of(spec.api_keys_file)  # API keys, as `headroom serve --api-keys-file`
+        setup = ingress_gateway(spec)  # as `headroom serve`'s flags build it; one limiter for HTTP and gRPC
+        limiter = RateLimiter(setup.config.rate_limits, setup.config.tenant_rate_limits)
+        self.auth = IngressAuth.of(setup, limiter)
+        self.gateway = wrap_app(self._asgi, setup, limiter=limiter)
 
     async def __call__(self, request: Request) -> Response:
-        refused = self.auth.http(request.url.path, request.headers.raw)
-        if refused is not None:
-            return refused
+        return GatewayCall(self.gateway)
+
+    async def _asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ingress as the ASGI app behind the gateway (the body, once read by the gateway, is in the scope)."""
+        response = await self._answer(Request(scope, receive))
+        await response(scope, receive, send)
+
+    async def _answer(self, request: Request) -> Response:
         try:
             return await self._route(request)
         except HeadroomError as exc:

@@ -3,6 +3,7 @@ and `headroom deploy ray` (the edge, `headroom.ray_serve.app.AppArgs`, validates
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from headroom.models.trust import DEFAULT_TRUSTED, parse_trusted
@@ -48,6 +49,11 @@ class ServeAppSpec:
     #   serve --api-keys-file` (headroom.ray_serve.auth); empty = none, every request as the anonymous tenant
     llm_min_replicas: int | None = None  # autoscaling bounds of the LLM deployment (None: the autoscaler's own,
     llm_max_replicas: int | None = None  #   as for the model deployment); used only when autoscaling is on
+    rate_limit_rps: float = 0.0  # per-tenant requests per second at the ingress (0 = unlimited; 429 beyond), as
+    rate_limit_burst: float = 0.0  #   `headroom serve --rate-limit-rps/--rate-limit-burst` (0 burst: 1 s worth)
+    llm_tokens_per_s: float = 0.0  # per-tenant LLM tokens per second at the ingress (0 = unlimited)
+    llm_token_burst: float = 0.0  # per-tenant LLM token burst (0: one second's worth)
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed (CORS; empty = no CORS headers), `--cors-origin`
 
     def __post_init__(self) -> None:
         if not self.model_repository:
@@ -66,6 +72,10 @@ class ServeAppSpec:
                self.load_allowance_s, self.llm_num_cpus) < 0:
             raise ValueError("replica_num_cpus, ingress_num_cpus, retry_backoff_s, drain_timeout_s, "
                              "load_allowance_s and llm_num_cpus must be >= 0")
+        rates = (self.rate_limit_rps, self.rate_limit_burst, self.llm_tokens_per_s, self.llm_token_burst)
+        if not all(math.isfinite(r) and r >= 0 for r in rates):
+            raise ValueError("rate_limit_rps, rate_limit_burst, llm_tokens_per_s and llm_token_burst must be finite "
+                             f"and >= 0 (0 = unlimited), got {rates}")
         if self.llm_timeout_s <= 0:
             raise ValueError("llm_timeout_s must be > 0")
         low, high = self.llm_min_replicas, self.llm_max_replicas

@@ -20,10 +20,12 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from headroom.core.clock import MonotonicClock
+from headroom.core.errors import RateLimited
 from headroom.gateway.auth import create_key
-from headroom.gateway.errors import Unauthenticated
+from headroom.gateway.errors import Forbidden, Unauthenticated
+from headroom.gateway.ratelimit import RateLimiter
 from headroom.ray_serve.asgi_call import replica_app
-from headroom.ray_serve.auth import IngressAuth, replica_gateway
+from headroom.ray_serve.auth import IngressAuth, ingress_gateway, replica_gateway
 from headroom.ray_serve.ingress import HttpIngress
 from headroom.ray_serve.spec import ServeAppSpec
 from headroom.router.fake_replica import serve_asgi
@@ -49,14 +51,15 @@ def _replica(keys_file: str) -> ASGIApp:
                        replica_gateway(keys_file))
 
 
-def _app(keys_file: str, tmp_path: Path) -> tuple[Starlette, AsgiHandle]:
+def _app(keys_file: str, tmp_path: Path, **spec: Any) -> tuple[Starlette, AsgiHandle]:
+    """The ingress as Serve's proxy drives it: `__call__(request)`, then the returned Response sent as ASGI."""
     handle = AsgiHandle(lambda: _replica(keys_file))
-    ingress = HttpIngress(None, ServeAppSpec(str(tmp_path), api_keys_file=keys_file), handle)
+    ingress = HttpIngress(None, ServeAppSpec(str(tmp_path), api_keys_file=keys_file, **spec), handle)
 
     async def endpoint(request: Request) -> Response:
         return await ingress(request)
 
-    return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST"])]), handle
+    return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST", "OPTIONS"])]), handle
 
 
 @pytest.fixture
@@ -107,16 +110,80 @@ async def test_without_a_keys_file_everything_runs_as_the_anonymous_tenant(tmp_p
     assert done.choices[0].message.content == "anonymous"
 
 
-def test_grpc_calls_need_a_key_in_their_metadata_except_health(keys: tuple[str, str, str]) -> None:
-    keys_file, acme, _ = keys
-    auth = IngressAuth.of(keys_file)
+def test_grpc_calls_need_a_key_in_their_metadata_except_health(keys: tuple[str, str, str], tmp_path: Path) -> None:
+    keys_file, acme, admin = keys
+    auth = IngressAuth.of(ingress_gateway(ServeAppSpec(str(tmp_path), api_keys_file=keys_file)))
     with pytest.raises(Unauthenticated):
         auth.grpc("ModelInfer", [])
     with pytest.raises(Unauthenticated):
         auth.grpc("ServerMetadata", [("x-api-key", "hr_0000_wrong")])
     auth.grpc("ModelInfer", [("authorization", f"Bearer {acme}")])
     auth.grpc("ServerReady", [])  # health RPCs are exempt, as under `headroom serve`
-    assert IngressAuth.of("").http("/v2/models", []) is None  # no keys file: nothing is checked
-    # roles as `headroom serve` checks them: a user key on a management path is a 403
-    refused = auth.http("/v2/repository/models/m/load", [(b"x-api-key", acme.encode())])
-    assert refused is not None and refused.status_code == 403
+    with pytest.raises(Forbidden):  # roles as `headroom serve`'s interceptor checks them
+        auth.grpc("RepositoryModelLoad", [("x-api-key", acme)])
+    auth.grpc("RepositoryModelLoad", [("x-api-key", admin)])
+    IngressAuth.of(ingress_gateway(ServeAppSpec(str(tmp_path)))).grpc("ModelInfer", [])  # no keys: no check
+
+
+def test_grpc_calls_share_the_tenants_request_bucket(keys: tuple[str, str, str], tmp_path: Path) -> None:
+    keys_file, acme, admin = keys
+    setup = ingress_gateway(ServeAppSpec(str(tmp_path), api_keys_file=keys_file, rate_limit_rps=0.01,
+                                         rate_limit_burst=2))
+    auth = IngressAuth.of(setup, RateLimiter(setup.config.rate_limits))
+    for _ in range(2):
+        auth.grpc("ModelInfer", [("x-api-key", acme)])
+    with pytest.raises(RateLimited) as err:
+        auth.grpc("ModelInfer", [("x-api-key", acme)])
+    assert err.value.retry_after_s > 50  # one request per 100 s
+    auth.grpc("ModelInfer", [("x-api-key", admin)])  # another tenant has its own bucket
+    auth.grpc("ServerLive", [("x-api-key", acme)])  # health is never limited
+
+
+async def test_the_ingress_rate_limits_each_tenant_as_headroom_serve_does(
+        keys: tuple[str, str, str], tmp_path: Path) -> None:
+    keys_file, acme, admin = keys
+    (tmp_path / "repo").mkdir()
+    app, handle = _app(keys_file, tmp_path / "repo", rate_limit_rps=0.01, rate_limit_burst=3)
+    async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url, timeout=60.0) as http:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=acme, max_retries=0, timeout=60.0)
+        for _ in range(3):
+            done = await client.chat.completions.create(model="m", messages=MESSAGES)
+            assert done.choices[0].message.content == "acme"
+        with pytest.raises(openai.RateLimitError) as err:  # OpenAI's 429 through the official SDK
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+        assert float(err.value.response.headers["retry-after"]) > 50
+        v2 = await http.get("/v2/models", headers={"x-api-key": acme})  # one budget for every route
+        assert v2.status_code == 429 and v2.json()["reason"] == "rate_limited", v2.text
+        other = await http.get("/v2/models", headers={"x-api-key": admin})  # tenants are apart
+        assert other.status_code == 200
+        assert (await http.get("/v2/health/live")).status_code == 200  # probes are never limited
+    assert len(handle.calls) == 3  # refused requests never reached a replica
+
+
+async def test_the_ingress_answers_cors_as_headroom_serve_does(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    app, _ = _app("", tmp_path / "repo", cors_origins=("http://dash.local",))
+    preflight = {"origin": "http://dash.local", "access-control-request-method": "POST",
+                 "access-control-request-headers": "content-type,authorization"}
+    async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url, timeout=60.0) as http:
+        ok = await http.options("/v1/chat/completions", headers=preflight)
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://dash.local"
+        assert "POST" in ok.headers["access-control-allow-methods"]
+        bad = await http.options("/v1/chat/completions", headers={**preflight, "origin": "http://evil.local"})
+        assert bad.status_code == 400 and "access-control-allow-origin" not in bad.headers
+        simple = await http.get("/v2/models", headers={"origin": "http://dash.local"})
+        assert simple.status_code == 200 and simple.headers["access-control-allow-origin"] == "http://dash.local"
+        assert "x-request-id" in simple.headers["access-control-expose-headers"]
+    app, _ = _app("", tmp_path / "repo")  # no origins: no CORS headers at all
+    async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url, timeout=60.0) as http:
+        plain = await http.get("/v2/models", headers={"origin": "http://dash.local"})
+        assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
+
+
+async def test_a_user_key_on_a_management_path_is_a_403(keys: tuple[str, str, str], tmp_path: Path) -> None:
+    keys_file, acme, _ = keys
+    (tmp_path / "repo").mkdir()
+    app, _ = _app(keys_file, tmp_path / "repo")
+    async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url, timeout=60.0) as http:
+        refused = await http.post("/v2/repository/models/m/load", headers={"x-api-key": acme})
+        assert refused.status_code == 403 and refused.json()["reason"] == "forbidden", refused.text

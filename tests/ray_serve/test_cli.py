@@ -108,6 +108,17 @@ def test_router_yaml_feeds_policy_capacity_and_autoscaling_and_flags_win(tmp_pat
                                             "upscale_delay_s": 0.0, "downscale_delay_s": 120.0}
 
 
+def test_rate_limits_and_cors_origins_reach_the_ingress_spec(tmp_path: Path) -> None:
+    code, text = _deploy("--model", "digits", "--rate-limit-rps", "5", "--rate-limit-burst", "10",
+                         "--llm-tokens-per-s", "200", "--cors-origin", "http://a.local", "--cors-origin", "http://b.local")
+    assert code == 0, text
+    spec = AppArgs.model_validate(yaml.safe_load(text)["applications"][0]["args"]).spec()
+    assert (spec.rate_limit_rps, spec.rate_limit_burst, spec.llm_tokens_per_s) == (5.0, 10.0, 200.0)
+    assert spec.cors_origins == ("http://a.local", "http://b.local")
+    code, text = _deploy("--rate-limit-rps", "-1")
+    assert code == 2 and "rate-limit-rps" in text
+
+
 def test_bad_input_is_refused_with_exit_code_2(tmp_path: Path) -> None:
     code, text = _deploy("--policy", "fastest")
     assert code == 2 and "fastest" in text
