@@ -102,7 +102,8 @@ def count_body_chunk(received_bytes: int, chunk: bytes, max_body_bytes: int) -> 
 
 
 #: The ASGI scope key under which the gateway leaves the body it has already read and checked, so that the
-#: handler does not read it a second time (`read_body` takes it from there).
+#: handler does not read it a second time (`read_body` takes it from there). A body sent with
+#: `Content-Encoding: gzip | deflate` is there decoded (`headroom.gateway.content_encoding`).
 BODY_SCOPE_KEY = "headroom.body"
 
 

@@ -2,11 +2,14 @@
 
 Per HTTP request, in order (each refusal is one JSON 4xx and the app is never called):
 
-    headers (431) → path / model name (400) → API key (401) and role (403) → body: size (413), slow client
-    (408 + connection closed), JSON depth / string length (400), OpenAI model name and LLM knobs (400)
+    headers (431) → path / model name (400) → API key (401) and role (403) → body: Content-Encoding (400
+    unless gzip / deflate / identity), size (413), slow client (408 + connection closed), decompressed size
+    (413) and corrupt stream (400) (`headroom.gateway.content_encoding`), JSON depth / string length (400),
+    OpenAI model name and LLM knobs (400)
     → token buckets for the tenant (429 + Retry-After) → the app, with the body in the scope (the handlers'
     `limits.read_body` takes it from there instead of reading it again; a replaying `receive` serves the
-    others) and the request id (and the ingress span's traceparent) in its headers.
+    others; a compressed body arrives decoded, without Content-Encoding) and the request id (and the
+    ingress span's traceparent) in its headers.
 
 It wraps `send` only to note the status and add `X-Request-Id`, passing every message on at once, so
 streamed (SSE) responses stay streamed. Health probes and /metrics (configurable) skip auth and rate limits.
@@ -51,6 +54,7 @@ from headroom.gateway.auth import (
     compile_paths,
     required_role,
 )
+from headroom.gateway.content_encoding import BodySink, body_sink, decoded_headers
 from headroom.gateway.context import RequestContext, bind_context, reset_context
 from headroom.gateway.errors import RequestTimeout
 from headroom.gateway.forwarded_tenant import TENANT_HEADER, claimed_tenant
@@ -203,8 +207,10 @@ class GatewayMiddleware:
                 bind_context(RequestContext(request_id, tenant, key_id, ""))
                 body: bytes | None = None
                 estimate = TokenEstimate(0, 0)
-                if scope["method"] in _BODY_METHODS:
-                    body = await self._read_body(receive, headers)
+                if scope["method"] in _BODY_METHODS:  # a compressed body is decoded as it arrives
+                    sink = body_sink(headers, self.config.limits.max_body_bytes)  # 400: unknown encoding
+                    body = await self._read_body(receive, headers, sink)
+                    headers = decoded_headers(headers, len(body)) if sink.decoded else headers
                     estimate = self._check_body(path, headers, body)
                 if not exempt and self._rate_limited:
                     self._rate_limit(tenant, estimate.total)
@@ -276,10 +282,9 @@ class GatewayMiddleware:
         authorize(principal, required_role(path, self._admin))
         return principal
 
-    async def _read_body(self, receive: Receive, headers: list[tuple[bytes, bytes]]) -> bytes:
+    async def _read_body(self, receive: Receive, headers: list[tuple[bytes, bytes]], sink: BodySink) -> bytes:
         limits = self.config.limits
-        check_content_length(header_value(headers, b"content-length"), limits)
-        chunks: list[bytes] = []
+        check_content_length(header_value(headers, b"content-length"), limits)  # the bytes sent (compressed)
         total = 0
         started_s = self.clock.now_s()
         while True:
@@ -295,10 +300,9 @@ class GatewayMiddleware:
                 raise _ClientGone
             chunk: bytes = message.get("body", b"")
             total = count_body_chunk(total, chunk, limits.max_body_bytes)
-            if chunk:
-                chunks.append(chunk)
+            await sink.feed(chunk)  # decoded at once (413 past the limit, 400 when corrupt)
             if not message.get("more_body", False):
-                return b"".join(chunks)
+                return sink.body()
 
     def _check_body(self, path: str, headers: list[tuple[bytes, bytes]], body: bytes) -> TokenEstimate:
         limits = self.config.limits

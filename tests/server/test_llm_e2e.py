@@ -203,8 +203,9 @@ def test_vllm_metric_names_and_dashboard_against_the_live_server(llm_server: Run
         assert all(labels.get("model_name") == "smollm2" for labels in series[name]), series[name]
         assert all(labels.get("engine", "0") == "0" for labels in series[name]), series[name]
     exported = {n for n in series if n.startswith("vllm:")}
-    known = {p["name"] + end for p in VLLM_PIN["series"] for end in ("", "_total", "_bucket", "_count", "_sum", "_created")}
-    older = {n + end for n in VLLM_OLDER_NAMES for end in ("", "_bucket", "_count", "_sum", "_created")}
+    ends = ("", "_total", "_bucket", "_count", "_sum", "_created")
+    known = {p["name"] + end for p in VLLM_PIN["series"] for end in ends}
+    older = {n + end for n in VLLM_OLDER_NAMES for end in ends}
     assert exported - known - older == set(), "vllm: names that vLLM 0.33.0 does not have"
     assert "headroom_llm_time_to_first_token_seconds_bucket" in series  # headroom's own names stay
     cache = series["vllm:cache_config_info"]
