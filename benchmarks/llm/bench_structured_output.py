@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.llm.machine_info import cpu_description
 from headroom.llm import engine as engine_mod
 from headroom.llm import grammar
 from headroom.llm.config import EngineConfig
@@ -110,7 +111,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--num-threads", type=int, default=0, help="EngineConfig.num_threads (0 = auto)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--note", default="", help="what else ran on the machine (recorded with the load averages)")
     args = ap.parse_args()
+    load_start = os.getloadavg()[0]
     cfg = replace(EngineConfig(), kv_cache_memory_mb=128, num_threads=args.num_threads)
     engine, _ = load_engine(DEFAULT_MODEL, cfg)
     tok = engine.tokenizer
@@ -167,7 +170,9 @@ def main() -> None:
         "overhead_inline_masks": inline_med / free_med - 1,
         "default_masks_on_this_machine": "thread" if MaskWorker().threaded else "inline",
         "cpu_count": os.cpu_count(),
-        "note": "machine shared with other work (2 cores, 7+ parallel sessions): indicative numbers only",
+        "cpu": cpu_description(),
+        "load_average_1m": {"start": load_start, "end": os.getloadavg()[0]},
+        "note": args.note,
     }
     print(f"CPU per token: free {free_cpu_ms:.3f} ms (process), grammar work {grammar_cpu_ms:.3f} ms "
           f"({100 * grammar_cpu_ms / free_cpu_ms:.1f}%)")

@@ -4,8 +4,10 @@ No clocks, no I/O, no mutation. The server's batcher and the simulator both call
 with hand-built snapshots. Modes:
 
 * ``dynamic``  (Triton's dynamic batcher) close a batch at `max_batch_size`, at the largest formable
-  preferred size, or when the oldest queued request has waited `max_queue_delay_s`. The timer starts at
-  the first queued request and never runs on an empty queue.
+  preferred size while the oldest queued request is within `max_queue_delay_s`, or once it has waited
+  that long: then with everything pending, up to `max_batch_size` (as Triton's `GetDynamicBatch`: a
+  preferred size never leaves behind requests whose delay has passed, which under load would wait a whole
+  extra batch). The timer starts at the first queued request and never runs on an empty queue.
 * ``static``   wait for a full `max_batch_size`; a safety timeout `static_timeout_s` flushes a partial one.
 * ``adaptive`` the window shrinks as arrivals speed up (textbook equation 15 and listing 2):
   ``window = 0`` once `target_batch_size` requests wait, else
@@ -160,7 +162,7 @@ def decide(snapshot: QueueSnapshot, now_s: float, cfg: BatchPolicyConfig) -> Bat
     else:
         window_s = cfg.max_queue_delay_s
         formable = [p for p in cfg.preferred_batch_sizes if p <= total]
-        if formable:
+        if formable and now_s + _EPS_S < oldest_s + window_s:
             return BatchDecision(take=_take_prefix(live, items, max(formable)), expire=expired,
                                  window_s=window_s)
     close_at_s = oldest_s + window_s

@@ -57,6 +57,16 @@ def test_largest_formable_preferred_size_closes_early() -> None:
     assert decide(QueueSnapshot(items=items(0.0)), 0.0, cfg).take == ()
 
 
+def test_past_the_queue_delay_everything_pending_goes_not_a_preferred_size() -> None:
+    # Triton's GetDynamicBatch: under load (20 requests queued behind a running batch, the oldest past its
+    # 5 ms delay) a preferred size of 16 would leave 4 to wait a whole extra batch
+    cfg = BatchPolicyConfig(max_batch_size=32, max_queue_delay_s=0.005, preferred_batch_sizes=(8, 16, 32))
+    snap = QueueSnapshot(items=items(*[0.0] * 20))
+    assert decide(snap, 0.004, cfg).take == tuple(range(16))  # within the delay: the preferred size
+    assert decide(snap, 0.005, cfg).take == tuple(range(20))  # past it: everything pending
+    assert decide(QueueSnapshot(items=items(*[0.0] * 40)), 0.010, cfg).take == tuple(range(32))  # capped
+
+
 def test_expired_requests_are_reported_and_never_taken() -> None:
     cfg = BatchPolicyConfig(max_batch_size=2, max_queue_delay_s=0.0)
     snap = QueueSnapshot(items=(QueuedItem(0.0, deadline_s=1.0), QueuedItem(0.0, deadline_s=5.0)))
