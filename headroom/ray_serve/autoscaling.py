@@ -11,7 +11,9 @@ last `scale_down_stabilisation_s` (and the `cooldown_s` after any scale event) a
   ``queue_depth``: `per_replica_full` (queued + in flight is what Serve counts as ongoing);
   ``requests_per_replica``: `per_replica_full` req/s x the mean request latency (Little's law: in flight =
   rate x time), so that one needs the latency (the planner's or a measured one).
-* ``look_back_period_s`` = window_s; ``upscale_delay_s`` = 0 (headroom scales up at the first sample over the
+* ``look_back_period_s`` = window_s, at least `MIN_LOOK_BACK_S` (Serve's replicas and handles push their ongoing
+  requests every 10 s by default, and Serve warns, later refuses, a look-back not longer than that interval);
+  ``upscale_delay_s`` = 0 (headroom scales up at the first sample over the
   band); ``downscale_delay_s`` = max(scale_down_stabilisation_s, cooldown_s).
 * ``min_replicas`` / ``max_replicas`` as given; ``initial_replicas`` = the starting count, clamped.
 
@@ -29,6 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from headroom.autoscaler.policy import AutoscalerConfig
+
+#: Serve's default autoscaling metric push interval (`RAY_SERVE_*_AUTOSCALING_METRIC_PUSH_INTERVAL_S`) plus 1 s: the
+#: shortest look-back Serve accepts without its FutureWarning (a window_s under it is raised to it).
+MIN_LOOK_BACK_S = 11.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +83,7 @@ def serve_autoscaling(cfg: AutoscalerConfig, replica_capacity: int, initial_repl
     return ServeAutoscaling(
         min_replicas=cfg.min_replicas, max_replicas=cfg.max_replicas,
         initial_replicas=min(cfg.max_replicas, max(cfg.min_replicas, initial_replicas)),
-        target_ongoing_requests=target, look_back_period_s=cfg.window_s, upscale_delay_s=0.0,
+        target_ongoing_requests=target, look_back_period_s=max(cfg.window_s, MIN_LOOK_BACK_S), upscale_delay_s=0.0,
         downscale_delay_s=max(cfg.scale_down_stabilisation_s, cfg.cooldown_s))
 
 

@@ -34,6 +34,16 @@ def test_requests_per_replica_needs_a_latency_to_become_ongoing_requests() -> No
     assert out.target_ongoing_requests == pytest.approx(1.0)  # 40 req/s x 50 ms x 50%
 
 
+def test_a_window_shorter_than_serves_metric_push_interval_is_raised_to_what_serve_accepts() -> None:
+    import warnings
+
+    out = serve_autoscaling(AutoscalerConfig(window_s=2.0), replica_capacity=8, initial_replicas=1)
+    assert out.look_back_period_s == 11.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Serve's FutureWarning (look-back <= the 10 s push interval) would raise
+        AutoscalingConfig.model_validate(out.as_dict())
+
+
 def test_the_longer_of_cooldown_and_stabilisation_delays_a_scale_down() -> None:
     cfg = AutoscalerConfig(scale_down_stabilisation_s=30.0, cooldown_s=90.0)
     assert serve_autoscaling(cfg, replica_capacity=8, initial_replicas=1).downscale_delay_s == 90.0

@@ -141,7 +141,7 @@ def test_llm_model_infer_through_serves_grpc_proxy(served: tuple[str, RunningSer
 def test_both_deployments_reach_serve_with_their_autoscaling_config(served: tuple[str, RunningServer]) -> None:
     """What Serve's controller holds for the application (its deployment details), not what headroom rendered:
     the LLM deployment autoscales between its own bounds on headroom's policy (0.5 of llm_capacity 32). Scaling
-    up under load is not exercised here (an LLM replica needs a CPU the 2-CPU test cluster does not have)."""
+    up under load: test_serve_llm_scaling.py."""
     from ray import serve
     from ray.serve.context import _get_global_client
 
