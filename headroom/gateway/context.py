@@ -52,7 +52,8 @@ class ContextLogFilter(logging.Filter):
         if ctx is not None:
             fields = getattr(record, "fields", None)
             merged = dict(fields) if isinstance(fields, dict) else {}
-            merged.setdefault("request_id", ctx.request_id)
+            if ctx.request_id:  # a gRPC call's context has none (its id is in the message)
+                merged.setdefault("request_id", ctx.request_id)
             merged.setdefault("tenant", ctx.tenant)
             record.fields = merged
         message = record.getMessage()

@@ -5,11 +5,13 @@
 Metadata `authorization: Bearer <key>` or `x-api-key: <key>`, as over HTTP. Refusals abort the call with
 the error tree's gRPC code (UNAUTHENTICATED, PERMISSION_DENIED, RESOURCE_EXHAUSTED + `retry-after` trailing
 metadata). Share one `RateLimiter` with the HTTP middleware so a tenant has one budget across transports.
-A stream (ModelStreamInfer) is charged once, when it opens.
+A stream (ModelStreamInfer) is charged once, when it opens. The RPC then runs with the caller's `RequestContext`
+bound (`headroom.gateway.context`): its tenant scopes the LLM's prefix cache on gRPC as on HTTP, and log lines name it.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -18,6 +20,7 @@ import grpc
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import HeadroomError, RateLimited
 from headroom.gateway.auth import KeyStore, Role, authorize
+from headroom.gateway.context import RequestContext, bind_context
 
 #: Health RPCs: no key, no bucket (probes).
 EXEMPT_RPCS: tuple[str, ...] = ("ServerLive", "ServerReady", "ModelReady")
@@ -68,6 +71,35 @@ def _abort_handler(handler: Any, exc: HeadroomError) -> Any:
     )
 
 
+def _bound_handler(handler: Any, ctx: RequestContext) -> Any:
+    """`handler` with `ctx` bound while its behaviour runs (each RPC runs in its own task, so nothing leaks)."""
+
+    def wrap(behavior: Any) -> Any:
+        if inspect.isasyncgenfunction(behavior):
+            async def stream(request: Any, context: Any) -> Any:
+                bind_context(ctx)
+                async for item in behavior(request, context):
+                    yield item
+            return stream
+
+        async def call(request: Any, context: Any) -> Any:
+            bind_context(ctx)
+            result = behavior(request, context)
+            return await result if inspect.isawaitable(result) else result
+        return call
+
+    kinds = {
+        "unary_unary": grpc.unary_unary_rpc_method_handler, "unary_stream": grpc.unary_stream_rpc_method_handler,
+        "stream_unary": grpc.stream_unary_rpc_method_handler, "stream_stream": grpc.stream_stream_rpc_method_handler,
+    }
+    for kind, make in kinds.items():
+        behavior = getattr(handler, kind, None)
+        if behavior is not None:
+            return make(wrap(behavior), request_deserializer=handler.request_deserializer,
+                        response_serializer=handler.response_serializer)
+    return handler
+
+
 class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Authenticates, authorizes and rate-limits every RPC except the health ones."""
 
@@ -95,12 +127,12 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None or method in self.exempt:
             return handler
         try:
-            tenant = self.anonymous_tenant
+            tenant, key_id = self.anonymous_tenant, ""
             if self.keys is not None:
                 principal = self.keys.authenticate(metadata_key(handler_call_details.invocation_metadata))
                 needed: Role = "admin" if method in self.admin else "user"
                 authorize(principal, needed)
-                tenant = principal.tenant
+                tenant, key_id = principal.tenant, principal.key_id
             if self.limiter is not None:
                 decision = self.limiter.check(tenant, 0, self.clock.now_s())
                 if not decision.allowed:
@@ -111,4 +143,4 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     )
         except HeadroomError as exc:
             return _abort_handler(handler, exc)
-        return handler
+        return _bound_handler(handler, RequestContext("", tenant, key_id, ""))

@@ -39,6 +39,7 @@ from headroom.core.errors import (
     RateLimited,
 )
 from headroom.core.types import InferenceResponse, Tensor
+from headroom.gateway.context import current_context
 from headroom.llm.generate import GenerateRoutes, completion_body, generate_events, result_message
 from headroom.llm.openai_protocol import ServingResponse
 from headroom.llm.serving import OpenAIServing
@@ -177,7 +178,8 @@ class GrpcGenerate:
     async def _complete(self, req: LLMInferRequest, stream: bool) -> ServingResponse:
         body = completion_body(req.serving.model_name, {"text_input": req.text, "parameters": dict(req.settings)},
                                stream)
-        result = await req.serving.create_completion(body)
+        ctx = current_context()  # the gateway interceptor's: the caller's tenant scopes the prefix cache
+        result = await req.serving.create_completion(body, None, ctx.tenant if ctx is not None else "")
         if result.status != 200:
             raise _refused(result)
         return result

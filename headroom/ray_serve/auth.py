@@ -9,7 +9,8 @@ tenant; browsers get CORS preflights and headers. The exempt paths (`/v2/health/
 
 gRPC (`IngressAuth.grpc`): the key from `authorization: Bearer <key>` or `x-api-key` metadata, its role, and the
 tenant's request bucket (the same `RateLimiter` as HTTP, so a tenant has one budget across transports), as
-`headroom serve`'s gRPC interceptor does; health RPCs are exempt.
+`headroom serve`'s gRPC interceptor does; health RPCs are exempt. An LLM ModelInfer carries the tenant to the LLM
+replica, which runs it as that tenant (its prefix cache scope), as `headroom serve` runs it.
 
 Limits hold per ingress replica (each keeps its own buckets), as they hold per `headroom serve` process: with
 `ingress_replicas: N` a tenant may get up to N times the rate. On Serve the LLM-token bucket keeps the whole
@@ -66,11 +67,11 @@ class IngressAuth:
     def of(cls, setup: GatewaySetup, limiter: RateLimiter | None = None) -> IngressAuth:
         return cls(setup.keys, setup.config, limiter)
 
-    def grpc(self, rpc: str, metadata: Sequence[tuple[str, str | bytes]] | None) -> None:
-        """Raise the HeadroomError refusing a gRPC call (UNAUTHENTICATED, PERMISSION_DENIED, RESOURCE_EXHAUSTED),
-        unless it may run."""
+    def grpc(self, rpc: str, metadata: Sequence[tuple[str, str | bytes]] | None) -> str:
+        """The tenant a gRPC call runs as; raises the HeadroomError refusing it (UNAUTHENTICATED,
+        PERMISSION_DENIED, RESOURCE_EXHAUSTED) unless it may run."""
         if rpc in EXEMPT_RPCS:
-            return
+            return self.config.anonymous_tenant
         tenant = self.config.anonymous_tenant
         if self.keys is not None:
             now_s = time.monotonic()
@@ -85,3 +86,4 @@ class IngressAuth:
             if not decision.allowed:
                 raise RateLimited(f"tenant {tenant!r} is over its requests rate limit; retry after "
                                   f"{decision.retry_after_s:.2f}s", retry_after_s=decision.retry_after_s)
+        return tenant

@@ -91,11 +91,11 @@ class GrpcIngress:
 
     async def ModelInfer(self, raw: bytes, grpc_context: Any) -> pb.ModelInferResponse:
         try:
-            self.auth.grpc("ModelInfer", grpc_context.invocation_metadata())
+            tenant = self.auth.grpc("ModelInfer", grpc_context.invocation_metadata())
             request = _parse_infer(raw)
             check_decoded(request)
             if request.model_name in self.llm_names and self.llm is not None:
-                return await self._llm_infer(request)
+                return await self._llm_infer(request, tenant)
             config = self.configs.get(request.model_name)
             if config is None:
                 raise ModelNotFound(f"Request for unknown model: '{request.model_name}' is not found (served "
@@ -110,11 +110,11 @@ class GrpcIngress:
             _fail(grpc_context, exc)
             return pb.ModelInferResponse()
 
-    async def _llm_infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    async def _llm_infer(self, request: pb.ModelInferRequest, tenant: str) -> pb.ModelInferResponse:
         request_id = self._request_id()
 
         def send() -> tuple[Any, Any]:
-            call = self.llm.grpc_infer.remote(request.SerializeToString(), request_id)
+            call = self.llm.grpc_infer.remote(request.SerializeToString(), request_id, tenant)
             return call, awaited(call)
 
         (response, error), _ = await first_result(send, self.spec, self.stats, request.model_name, request_id,

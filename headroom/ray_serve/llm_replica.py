@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from headroom.core.clock import MonotonicClock
 from headroom.core.errors import HeadroomError, InvalidRequest
 from headroom.core.lifecycle import ServingLifecycle
+from headroom.gateway.context import RequestContext, bind_context, reset_context
 from headroom.models.repository import ModelRepository
 from headroom.protocol.generated import headroom_inference_pb2 as pb
 from headroom.ray_serve.asgi_call import HttpCall, HttpHead, PagedReplica, call_asgi, replica_app, replica_header
@@ -64,9 +65,12 @@ class LLMReplica(PagedReplica):
         async for item in call_asgi(self.app, call, replica_header(self.replica_id)):
             yield item
 
-    async def grpc_infer(self, message: bytes, request_id: str) -> tuple[bytes | None, RemoteError | None]:
-        """gRPC ModelInfer on an LLM (`text_input` -> `text_output`), as `headroom serve` answers it. Messages
-        travel serialized (the generated classes do not pickle); a headroom error comes back by value."""
+    async def grpc_infer(self, message: bytes, request_id: str,
+                         tenant: str = "") -> tuple[bytes | None, RemoteError | None]:
+        """gRPC ModelInfer on an LLM (`text_input` -> `text_output`), as `headroom serve` answers it, as `tenant`
+        (the ingress's authenticated caller: its prefix-cache scope). Messages travel serialized (the generated
+        classes do not pickle); a headroom error comes back by value."""
+        token = bind_context(RequestContext(request_id, tenant, "", ""))
         try:
             response = await self.grpc.infer(pb.ModelInferRequest.FromString(message), request_id)
             return response.SerializeToString(), None
@@ -74,6 +78,8 @@ class LLMReplica(PagedReplica):
             return None, RemoteError.of(exc)
         except DecodeError as exc:
             return None, RemoteError.of(InvalidRequest(f"not a ModelInferRequest: {exc}"))
+        finally:
+            reset_context(token)
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Serve polls this; headroom's request router reads `queue_depth` (requests admitted, not answered)."""

@@ -187,3 +187,59 @@ async def test_a_user_key_on_a_management_path_is_a_403(keys: tuple[str, str, st
     async with serve_asgi(app) as url, httpx.AsyncClient(base_url=url, timeout=60.0) as http:
         refused = await http.post("/v2/repository/models/m/load", headers={"x-api-key": acme})
         assert refused.status_code == 403 and refused.json()["reason"] == "forbidden", refused.text
+
+
+class _LlmHandle:
+    """The LLM deployment's handle: records each `grpc_infer` call and answers with an empty ModelInferResponse."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.grpc_infer = self
+
+    def remote(self, *args: Any) -> Any:
+        from headroom.protocol.generated import headroom_inference_pb2 as pb
+
+        self.calls.append(args)
+
+        class Call:
+            def cancel(self) -> None:
+                pass
+
+            def __await__(self) -> Any:
+                async def answer() -> tuple[bytes, None]:
+                    return pb.ModelInferResponse(model_name="smollm2").SerializeToString(), None
+                return answer().__await__()
+        return Call()
+
+
+class _GrpcContext:
+    def __init__(self, metadata: list[tuple[str, str]]) -> None:
+        self.metadata, self.code = metadata, None
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return self.metadata
+
+    def set_code(self, code: Any) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        pass
+
+
+async def test_an_llm_model_infer_carries_its_keys_tenant_to_the_llm_replica(keys: tuple[str, str, str]) -> None:
+    """The LLM replica runs a gRPC ModelInfer as the tenant the ingress authenticated (its prefix-cache scope),
+    as `headroom serve` does; without keys, as the anonymous tenant."""
+    from headroom.protocol.generated import headroom_inference_pb2 as pb
+
+    keys_file, acme, admin = keys
+    repo = str(Path(__file__).resolve().parents[2] / "models")
+    message = pb.ModelInferRequest(model_name="smollm2").SerializeToString()
+    for keys_path, metadata, tenant in ((keys_file, [("x-api-key", acme)], "acme"),
+                                        (keys_file, [("authorization", f"Bearer {admin}")], "ops"),
+                                        ("", [], "anonymous")):
+        llm = _LlmHandle()
+        ingress = HttpIngress(None, ServeAppSpec(repo, models=("smollm2",), api_keys_file=keys_path), llm)
+        context = _GrpcContext(metadata)
+        await ingress.ModelInfer(message, context)
+        assert context.code is None and len(llm.calls) == 1
+        assert llm.calls[0][2] == tenant, llm.calls

@@ -163,12 +163,13 @@ def _replica_of(client: httpx.Client, url: str, model: str, body: dict[str, Any]
 
 def _homes(client: httpx.Client, url: str, rounds: int = 6, attempts: int = 150) -> tuple[str, str]:
     """Alternate noop and digits requests until each has answered from one replica `rounds` times in a row:
-    (noop's replica, digits' replica). Serve learns which replica holds which model asynchronously, and a
-    replica that has to load a model it lacks evicts the other, so the first rounds may move models around."""
+    (noop's replica, digits' replica), on two different replicas. Serve learns which replica holds which model
+    asynchronously, and a replica that has to load a model it lacks evicts the other, so the first rounds may move
+    models around (or keep both on one replica, reloading at every request, until Serve's view catches up)."""
     streak, last = 0, ("", "")
     for i in range(attempts):
         now = (_replica_of(client, url, "noop", noop_body(i)), _replica_of(client, url, "digits", digits_body(i)))
-        streak = streak + 1 if now == last else 1
+        streak = streak + 1 if now == last and now[0] != now[1] else 1  # two models, one per replica: apart
         last = now
         if streak >= rounds:
             return last
