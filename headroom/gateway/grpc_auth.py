@@ -5,7 +5,8 @@
 Metadata `authorization: Bearer <key>` or `x-api-key: <key>`, as over HTTP. Refusals abort the call with
 the error tree's gRPC code (UNAUTHENTICATED, PERMISSION_DENIED, RESOURCE_EXHAUSTED + `retry-after` trailing
 metadata). Share one `RateLimiter` with the HTTP middleware so a tenant has one budget across transports.
-A stream (ModelStreamInfer) is charged once, when it opens. The RPC then runs with the caller's `RequestContext`
+A stream (ModelStreamInfer) is charged once, when it opens; an LLM call's tokens are charged where its message is
+read (`headroom.gateway.llm_budget`). The RPC then runs with the caller's `RequestContext`
 bound (`headroom.gateway.context`): its tenant scopes the LLM's prefix cache on gRPC as on HTTP, and log lines name it.
 """
 
@@ -21,6 +22,7 @@ from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import HeadroomError, RateLimited
 from headroom.gateway.auth import KeyStore, Role, authorize
 from headroom.gateway.context import RequestContext, bind_context
+from headroom.gateway.llm_budget import LLMBudget, bind_llm_budget
 
 #: Health RPCs: no key, no bucket (probes).
 EXEMPT_RPCS: tuple[str, ...] = ("ServerLive", "ServerReady", "ModelReady")
@@ -71,19 +73,25 @@ def _abort_handler(handler: Any, exc: HeadroomError) -> Any:
     )
 
 
-def _bound_handler(handler: Any, ctx: RequestContext) -> Any:
-    """`handler` with `ctx` bound while its behaviour runs (each RPC runs in its own task, so nothing leaks)."""
+def _bound_handler(handler: Any, ctx: RequestContext, budget: LLMBudget | None) -> Any:
+    """`handler` with `ctx` (and the tenant's LLM-token `budget`, when it has a limit) bound while its behaviour
+    runs (each RPC runs in its own task, so nothing leaks)."""
+
+    def bind() -> None:
+        bind_context(ctx)
+        if budget is not None:
+            bind_llm_budget(budget)
 
     def wrap(behavior: Any) -> Any:
         if inspect.isasyncgenfunction(behavior):
             async def stream(request: Any, context: Any) -> Any:
-                bind_context(ctx)
+                bind()
                 async for item in behavior(request, context):
                     yield item
             return stream
 
         async def call(request: Any, context: Any) -> Any:
-            bind_context(ctx)
+            bind()
             result = behavior(request, context)
             return await result if inspect.isawaitable(result) else result
         return call
@@ -143,4 +151,7 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     )
         except HeadroomError as exc:
             return _abort_handler(handler, exc)
-        return _bound_handler(handler, RequestContext("", tenant, key_id, ""))
+        budget = None
+        if self.limiter is not None and self.limiter.config_for(tenant).llm_tokens.enabled:
+            budget = LLMBudget(self.limiter, tenant, self.clock)
+        return _bound_handler(handler, RequestContext("", tenant, key_id, ""), budget)

@@ -181,6 +181,14 @@ class RateLimiter:
             self._forget_full(now_s)
         return decision
 
+    def check_llm(self, tenant: str, llm_tokens: float, now_s: float) -> AdmitDecision:
+        """Take `llm_tokens` from the tenant's LLM-token bucket only: a call whose request token was taken when
+        it opened (gRPC, whose message is read after the interceptor)."""
+        config, state = self.config_for(tenant), self._state.get(tenant, TenantState())
+        decision, new_state = take(config.llm_tokens, state.llm_tokens, llm_tokens, now_s)
+        self._state[tenant] = replace(state, llm_tokens=new_state)
+        return AdmitDecision(decision.allowed, decision.retry_after_s, "" if decision.allowed else "llm_tokens")
+
     def refund(self, tenant: str, llm_tokens: float, now_s: float) -> None:
         """Settle LLM tokens charged by `check` (see `refund`); a forgotten tenant's bucket is already full."""
         state = self._state.get(tenant)

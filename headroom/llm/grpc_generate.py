@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from headroom.core.errors import (
     DeadlineExceeded,
@@ -40,6 +41,9 @@ from headroom.core.errors import (
 )
 from headroom.core.types import InferenceResponse, Tensor
 from headroom.gateway.context import current_context
+from headroom.gateway.limits import InputLimits, estimate_openai_body
+from headroom.gateway.llm_budget import current_llm_budget
+from headroom.gateway.usage import LLMUsage
 from headroom.llm.generate import GenerateRoutes, completion_body, generate_events, result_message
 from headroom.llm.openai_protocol import ServingResponse
 from headroom.llm.serving import OpenAIServing
@@ -179,7 +183,27 @@ class GrpcGenerate:
         body = completion_body(req.serving.model_name, {"text_input": req.text, "parameters": dict(req.settings)},
                                stream)
         ctx = current_context()  # the gateway interceptor's: the caller's tenant scopes the prefix cache
-        result = await req.serving.create_completion(body, None, ctx.tenant if ctx is not None else "")
+        tenant = ctx.tenant if ctx is not None else ""
+        budget = current_llm_budget()  # the tenant's LLM-token bucket, when it has a limit
+        if budget is None:
+            result = await req.serving.create_completion(body, None, tenant)
+        else:
+            estimate = estimate_openai_body("/v1/completions", orjson.dumps(body), InputLimits())
+            reserved = budget.reserve(estimate.prompt_tokens, estimate.completion_tokens)
+            settled: list[bool] = []
+
+            def settle(usage: LLMUsage | None, status_code: int) -> None:
+                if not settled:
+                    settled.append(True)
+                    budget.settle(reserved, usage, status_code)
+
+            try:
+                result = await req.serving.create_completion(body, lambda usage: settle(usage, 200), tenant)
+            except BaseException:
+                settle(None, 0)
+                raise
+            if result.status != 200:
+                settle(None, result.status)
         if result.status != 200:
             raise _refused(result)
         return result
