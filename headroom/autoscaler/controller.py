@@ -47,6 +47,8 @@ class AutoscalerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.desired = Gauge("headroom_autoscaler_desired_replicas", "Desired serving replicas.",
                              registry=registry)
+        self.actual = Gauge("headroom_autoscaler_actual_replicas", "Ready replicas at the latest sample.",
+                            registry=registry)
         self.utilisation = Gauge("headroom_autoscaler_utilisation", "Window-averaged normalised load.",
                                  registry=registry)
         self.events = Counter("headroom_autoscaler_scaling_events", "Scaling events.", ["direction"],
@@ -89,6 +91,8 @@ class AutoscalerController:
         """Take one sample; when a sync period has passed, decide and (if it changed) scale."""
         now = self.clock.now_s()
         self.window.append(self.sample(now))
+        if self.metrics is not None:
+            self.metrics.actual.set(self.window[-1].ready_replicas)
         horizon = max(self.config.window_s, self.config.scale_down_stabilisation_s)
         self.window = [s for s in self.window if now - s.time_s <= horizon]
         if now - self._last_sync_s < self.sync_interval_s:

@@ -61,7 +61,7 @@ async def _hedged(router: Router, first: HttpAttempt, tasks: dict[asyncio.Task[H
     if done:
         return primary.result()
     backup_rt = pipe.pick(key, tried, first.arm)
-    if backup_rt is None or not pipe.allow_second_copy():
+    if backup_rt is None or not pipe.allow_second_copy(backup_rt.upstream.replica_id):
         return await primary
     tried.add(backup_rt.upstream.replica_id)
     second = HttpAttempt(backup_rt, router.clock, hedge=True, arm=first.arm)
@@ -120,7 +120,8 @@ async def attempts(router: Router, out: Outgoing, key: RouteKey) -> HttpAttempt:
         rt = pipe.pick(key, tried, arm)
         if rt is None:
             break
-        if attempt_no > 0 and not pipe.allow_retry(last.outcome if last is not None else ""):
+        if attempt_no > 0 and not pipe.allow_retry(*((last.outcome, last.replica.upstream.replica_id)
+                                                      if last is not None else ())):
             break
         tried.add(rt.upstream.replica_id)
         last = await race(router, HttpAttempt(rt, router.clock, arm=arm), out, key, tried)

@@ -122,7 +122,8 @@ class GrpcProxy:
             rt = self._pick(tried, arm)
             if rt is None:
                 break
-            if attempt_no > 0 and not pipe.allow_retry(last[0].outcome if last is not None else ""):
+            if attempt_no > 0 and not pipe.allow_retry(*((last[0].outcome, last[0].replica.upstream.replica_id)
+                                                          if last is not None else ())):
                 break
             tried.add(rt.upstream.replica_id)
             attempt = Attempt(rt, self.router.clock, arm=arm)

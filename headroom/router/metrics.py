@@ -12,6 +12,9 @@ autoscaler's desired replicas and scaling events), instead of proxying one repli
     headroom_router_replicas{state}                     gauge: replicas by state (ready | ejected | not_ready)
     headroom_router_replica_requests_total{replica}     counter: attempts sent to the replica
     headroom_router_replica_failures_total{replica}     counter: attempts that failed there
+    headroom_router_replica_retries_total{replica}      counter: requests sent again elsewhere after failing there
+    headroom_router_replica_hedges_total{replica}       counter: hedged (or tied) backup copies sent there
+    headroom_router_replica_ejections_total{replica}    counter: times passive outlier detection ejected it
     headroom_router_replica_outstanding{replica}        gauge: attempts in flight there
     headroom_router_replica_ready{replica}              gauge: 1 when it passes readiness checks
     headroom_router_replica_ejected{replica}            gauge: 1 while passive outlier detection ejects it
@@ -70,6 +73,9 @@ class ReplicaView:
     base_url: str
     requests: int
     failures: int
+    retried_away: int = 0
+    hedges: int = 0
+    ejections: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +148,12 @@ def _cache_aware_families(c: CacheAwareView) -> Iterator[Metric]:
 _PER_REPLICA: tuple[tuple[str, str, bool, Callable[[ReplicaView, float], float]], ...] = (
     ("headroom_router_replica_requests", "Attempts sent to the replica.", True, lambda r, _: r.requests),
     ("headroom_router_replica_failures", "Attempts that failed on the replica.", True, lambda r, _: r.failures),
+    ("headroom_router_replica_retries", "Requests sent again elsewhere after failing on the replica.", True,
+     lambda r, _: r.retried_away),
+    ("headroom_router_replica_hedges", "Hedged (or tied) backup copies sent to the replica.", True,
+     lambda r, _: r.hedges),
+    ("headroom_router_replica_ejections", "Times passive outlier detection ejected the replica.", True,
+     lambda r, _: r.ejections),
     ("headroom_router_replica_outstanding", "Attempts in flight on the replica.", False,
      lambda r, _: r.snapshot.outstanding),
     ("headroom_router_replica_ready", "1 when the replica passes readiness checks.", False,
@@ -207,7 +219,8 @@ def stats_document(v: RouterView) -> dict[str, object]:
     """`GET /router/stats`: the same view as JSON, for people and scripts."""
     reps = [{"id": r.snapshot.replica_id, "url": r.base_url, "ready": r.snapshot.ready,
              "ejected": r.snapshot.ejected(v.now_s), "outstanding": r.snapshot.outstanding,
-             "ewma_latency_ms": r.snapshot.ewma_latency_s * 1e3, "requests": r.requests, "failures": r.failures}
+             "ewma_latency_ms": r.snapshot.ewma_latency_s * 1e3, "requests": r.requests, "failures": r.failures,
+             "retries": r.retried_away, "hedges": r.hedges, "ejections": r.ejections, "version": r.snapshot.version}
             for r in v.replicas]
     return {"counters": dict(v.counters), "replicas": reps, "inflight": v.inflight,
             "concurrency_limit": v.concurrency_limit, "canary": v.canary}
@@ -245,8 +258,10 @@ def admin_routes(read: Callable[[], RouterView], registry: CollectorRegistry, cl
 def router_view(router: Router) -> RouterView:
     """What `/metrics` reads at scrape time."""
     limit = router.vegas.effective_limit(router.config.vegas) if router.config.adaptive_concurrency else None
-    reps = tuple(ReplicaView(s, router.replicas[s.replica_id].upstream.base_url,
-                             router.replicas[s.replica_id].requests, router.replicas[s.replica_id].failures)
+    runtimes = router.replicas
+    reps = tuple(ReplicaView(s, runtimes[s.replica_id].upstream.base_url, runtimes[s.replica_id].requests,
+                             runtimes[s.replica_id].failures, runtimes[s.replica_id].retried_away,
+                             runtimes[s.replica_id].hedges, runtimes[s.replica_id].ejections)
                  for s in router.snapshots())
     canary = None if router.canary is None else {"version": router.canary.canary_version,
                                                  "weight": router.canary.weight, "phase": router.canary.state.phase}

@@ -162,16 +162,17 @@ class Pipeline:
             self.prefix.note_decision(decision.reason, decision.replica_id, blocks, now)
         return None if decision.replica_id is None else self.replicas[decision.replica_id]
 
-    def allow_retry(self, after_outcome: str = "") -> bool:
+    def allow_retry(self, after_outcome: str = "", from_replica: str = "") -> bool:
         """Withdraw one retry from the budget (free after an out-of-rotation outcome, see
         `tail.OUT_OF_ROTATION`: a dead or draining replica's requests move to the others); counts the retry or
-        its denial."""
-        if after_outcome in tail.OUT_OF_ROTATION:
-            self.counters["retries"] += 1
-            return True
-        allowed, self.retry_state = tail.budget_withdraw(self.retry_state, self.clock.now_s(),
-                                                         self.config.retry_budget)
+        its denial, and the retry against `from_replica`, where the last attempt failed."""
+        allowed = after_outcome in tail.OUT_OF_ROTATION
+        if not allowed:
+            allowed, self.retry_state = tail.budget_withdraw(self.retry_state, self.clock.now_s(),
+                                                             self.config.retry_budget)
         self.counters["retries" if allowed else "retries_denied"] += 1
+        if allowed and from_replica in self.replicas:
+            self.replicas[from_replica].retried_away += 1
         return allowed
 
     def second_copy_delay_s(self) -> float | None:
@@ -179,12 +180,15 @@ class Pipeline:
         c = self.config
         return c.tied_delay_s if c.tied else tail.hedge_delay_s(self.latencies, c.hedge) if c.hedging else None
 
-    def allow_second_copy(self) -> bool:
-        """Withdraw one hedge (or tied copy) from the hedge budget; counts it when allowed."""
+    def allow_second_copy(self, to_replica: str = "") -> bool:
+        """Withdraw one hedge (or tied copy) from the hedge budget; counts it when allowed (and against
+        `to_replica`, which gets the copy)."""
         allowed, self.hedge_state = tail.budget_withdraw(self.hedge_state, self.clock.now_s(),
                                                          self.config.hedge_budget)
         if allowed:
             self.counters["tied" if self.config.tied else "hedges"] += 1
+            if to_replica in self.replicas:
+                self.replicas[to_replica].hedges += 1
         return allowed
 
     # ------------------------------------------------------------------------------------------ outcomes
@@ -203,6 +207,8 @@ class Pipeline:
                                               self.config.health)
         if event is not None:
             log.warning("event=%s replica=%s until_s=%.1f", event.kind, event.replica_id, event.until_s)
+            if event.kind == "ejected":
+                self.replicas[rid].ejections += 1
         if attempt.outcome in ("connect_error", "draining"):
             self.mark_unready(rid)
         if attempt.outcome == "ok":

@@ -52,6 +52,9 @@ class ReplicaRuntime:
         self.ewma_updated_s = 0.0
         self.requests = 0
         self.failures = 0
+        self.retried_away = 0  # requests sent again elsewhere after failing here
+        self.hedges = 0  # backup (hedged or tied) copies sent here
+        self.ejections = 0  # times passive outlier detection ejected it
 
     def observe_latency(self, latency_s: float, now_s: float) -> None:
         self.ewma_latency_s = peak_ewma_update(self.ewma_latency_s, latency_s,

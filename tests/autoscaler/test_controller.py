@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 
 import httpx
 import orjson
-from prometheus_client import CollectorRegistry
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from headroom.autoscaler.controller import AutoscalerController
 from headroom.autoscaler.policy import AutoscalerConfig, MetricsSample
@@ -32,7 +35,7 @@ class RecordingActuator:
         return ()
 
 
-async def test_step_load_scales_up_within_one_window_and_is_exported() -> None:
+async def test_step_load_scales_up_within_one_window_and_is_exported(caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock()
     actuator = RecordingActuator()
     replicas = {"n": 1}
@@ -45,15 +48,24 @@ async def test_step_load_scales_up_within_one_window_and_is_exported() -> None:
 
     registry = CollectorRegistry()
     ctl = AutoscalerController(sample, actuator, AutoscalerConfig(), clock, registry=registry)
-    for _ in range(120):
-        await ctl.step()
-        await ctl.settle()
-        clock.advance(1.0)
+    with caplog.at_level(logging.INFO, logger="headroom"):
+        for _ in range(120):
+            await ctl.step()
+            await ctl.settle()
+            clock.advance(1.0)
     assert [e.to_replicas for e in ctl.events] == [2, 4]
     assert 60 < ctl.events[0].time_s <= 60 + AutoscalerConfig().window_s
     assert actuator.calls[-1] == (4, 1)  # plus the default warm pool of one
-    assert registry.get_sample_value("headroom_autoscaler_scaling_events_total", {"direction": "up"}) == 2
-    assert registry.get_sample_value("headroom_autoscaler_desired_replicas") == 4
+    # what Prometheus reads: the page itself, parsed
+    page = {s.name: s for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
+    assert page["headroom_autoscaler_desired_replicas"].value == 4
+    assert page["headroom_autoscaler_actual_replicas"].value == 4
+    assert page["headroom_autoscaler_scaling_events_total"].labels == {"direction": "up"}
+    assert page["headroom_autoscaler_scaling_events_total"].value == 2
+    # one structured line per scale event
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("event=scale")]
+    assert lines == ["event=scale from_replicas=1 to_replicas=2 utilisation=1.000 reason=" + ctl.events[0].reason,
+                     "event=scale from_replicas=2 to_replicas=4 utilisation=1.000 reason=" + ctl.events[1].reason]
 
 
 def test_router_sampler_reports_load_over_ready_capacity() -> None:

@@ -6,8 +6,10 @@ import asyncio
 
 import httpx
 import typer
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
+from headroom.autoscaler.policy import AutoscalerConfig
 from headroom.router.cli import route, run_cluster, serve_command
 from headroom.router.proxy import ProxyConfig
 from headroom.router.replicas import ReplicaManagerConfig, free_port
@@ -46,8 +48,9 @@ def test_serve_command_builds_a_headroom_serve_argv() -> None:
 async def test_run_cluster_serves_through_the_router_and_drains_on_stop() -> None:
     port = free_port()
     stop = asyncio.Event()
+    policy = AutoscalerConfig(min_replicas=2, max_replicas=2, warm_pool=0)  # on, but nothing to scale
     run = asyncio.create_task(run_cluster(fake_command(5.0), 2, ProxyConfig(check_interval_s=0.1),
-                                          ReplicaManagerConfig(), "127.0.0.1", port, stop=stop))
+                                          ReplicaManagerConfig(), "127.0.0.1", port, autoscale=policy, stop=stop))
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             for _ in range(600):  # both replicas started and seen ready by the router
@@ -61,6 +64,15 @@ async def test_run_cluster_serves_through_the_router_and_drains_on_stop() -> Non
             assert (await client.get("/v2/health/ready")).status_code == 200
             r = await client.post("/v2/models/m/infer", content=b"{}")
             assert r.status_code == 200 and r.headers["x-headroom-replica"].startswith("replica-")
+            # the fleet on one page: the router's own series and the autoscaler's, parsed as Prometheus does
+            for _ in range(600):
+                page = {s.name: s.value for f in text_string_to_metric_families((await client.get("/metrics")).text)
+                        for s in f.samples}
+                if page.get("headroom_autoscaler_actual_replicas") == 2:  # sampled once both are seen ready
+                    break
+                await asyncio.sleep(0.05)
+            assert page["headroom_autoscaler_desired_replicas"] == page["headroom_autoscaler_actual_replicas"] == 2
+            assert page["headroom_router_requests_total"] >= 1
     finally:
         stop.set()
         manager = await run

@@ -88,6 +88,12 @@ def test_cli_writes_yaml_and_rejects_bad_input(tmp_path: Path) -> None:
     assert to_yaml(docs) == out.read_text()
     bad = CliRunner().invoke(app, ["deploy", "k8s", "--autoscaler", "vpa"])
     assert bad.exit_code == 2 and "hpa" in bad.output
+    # the Prometheus address is the user's, not a hard-coded one: --prometheus-url reaches the KEDA trigger
+    keda = CliRunner().invoke(app, ["deploy", "k8s", "--autoscaler", "keda", "--prometheus-url",
+                                    "http://prom.observability.svc:9090"])
+    assert keda.exit_code == 0, keda.output
+    scaled = next(d for d in yaml.safe_load_all(keda.output) if d and d["kind"] == "ScaledObject")
+    assert scaled["spec"]["triggers"][0]["metadata"]["serverAddress"] == "http://prom.observability.svc:9090"
 
 
 def _by_name(docs: list[dict[str, object]]) -> dict[tuple[str, str], dict[str, Any]]:

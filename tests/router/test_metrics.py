@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from headroom.router.fake_replica import ReplicaBehaviour
+from headroom.router.health import HealthConfig
 from headroom.router.metrics import CacheAwareView, RouterMetrics, RouterView
 from headroom.router.proxy import ProxyConfig
+from headroom.router.tail import BudgetConfig
 from headroom.router.upstream import Upstream
 from tests.router.test_proxy import INFER, _load, fleet
 
@@ -75,3 +80,35 @@ def test_cache_aware_decisions_and_matched_tokens_are_exported() -> None:
     plain = CollectorRegistry()  # another policy: no cache_aware families
     RouterMetrics(plain, lambda: RouterView(0.0, {}, 0, None, ()))
     assert b"cache_aware" not in generate_latest(plain)
+
+
+async def test_retries_hedges_and_ejections_are_counted_per_replica(caplog: pytest.LogCaptureFixture) -> None:
+    """A draining replica's requests are retried elsewhere (counted against it); a failing one is ejected after
+    five 5xx in a row (counted, and one structured log line); tied copies are counted where they went."""
+    budget = BudgetConfig(budget_fraction=0.2, max_tokens=10.0, min_per_s=0.0, initial_tokens=10.0)
+    reps = [ReplicaBehaviour(name="drain"), ReplicaBehaviour(name="bad", fail_status=500), ReplicaBehaviour(name="ok")]
+    cfg = ProxyConfig(policy="round_robin", check_interval_s=3600.0, retry_budget=budget, health=HealthConfig())
+    with caplog.at_level(logging.WARNING, logger="headroom.router"):
+        async with fleet(reps, cfg) as (router, client):
+            reps[0].draining = True  # after the first readiness sweep: the router learns it from the answers
+            for _ in range(30):
+                await client.post(INFER, content=b"{}")
+            m = _samples((await client.get("/metrics")).text)
+    retries = {dict(k)["replica"]: v for (name, k), v in m.items() if name == "headroom_router_replica_retries_total"}
+    assert retries["drain"] >= 1 and retries["ok"] == 0, retries
+    ejections = {dict(k)["replica"]: v for (name, k), v in m.items()
+                 if name == "headroom_router_replica_ejections_total"}
+    assert ejections == {"drain": 0, "bad": 1, "ok": 0}, ejections
+    assert m[("headroom_router_events_total", (("event", "retries"),))] == sum(retries.values())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("event=ejected")]
+    assert len(lines) == 1 and "replica=bad" in lines[0], lines
+
+    tied = ProxyConfig(policy="round_robin", tied=True, tied_delay_s=0.002,
+                       hedge_budget=BudgetConfig(budget_fraction=1.0, max_tokens=10.0, initial_tokens=10.0))
+    async with fleet([ReplicaBehaviour(name="a", delay_ms=30.0), ReplicaBehaviour(name="b", delay_ms=30.0)],
+                     tied) as (router, client):
+        for _ in range(6):
+            assert (await client.post(INFER, content=b"{}")).status_code == 200
+        m = _samples((await client.get("/metrics")).text)
+    copies = {dict(k)["replica"]: v for (name, k), v in m.items() if name == "headroom_router_replica_hedges_total"}
+    assert sum(copies.values()) == router.counters["tied"] >= 5, copies  # each copy counted where it went
