@@ -240,6 +240,34 @@ def _kill_replica(unique_id: str) -> None:
     ray.kill(ray.get_actor(names[0]["name"], namespace=names[0]["namespace"]), no_restart=True)
 
 
+def test_throughput_scales_from_one_to_two_replicas(serve_url: str, tmp_path: Path) -> None:
+    """A latency-bound model (sleeps 200 ms, one request at a time per replica), 16 requests 4 at a time: two
+    replicas answer them in about half the time one does, so Serve spreads the load over both through headroom's
+    router and nothing in the proxy -> ingress -> handle path is the bottleneck."""
+    repo = build_test_repository(tmp_path / "repo")
+
+    def rate(replicas: int) -> tuple[float, set[str]]:
+        deploy(repo, replicas=replicas, multiplex=False, router="least_outstanding", replica_capacity=1,
+               trusted_backends=["python"], models=["slow"])
+
+        async def run() -> tuple[list[httpx.Response], float]:
+            loop = asyncio.get_running_loop()
+            await _load(serve_url, 2, 2, 0.0, loop.create_future())  # warm the path up (connections, handles)
+            started = loop.time()
+            answers = await _load(serve_url, 16, 4, 200.0, loop.create_future())
+            return answers, loop.time() - started
+
+        answers, elapsed_s = asyncio.run(run())
+        assert [r.status_code for r in answers] == [200] * 16, [r.text for r in answers if r.status_code != 200][:2]
+        return 16 / elapsed_s, {r.headers[REPLICA_HEADER] for r in answers}
+
+    one, one_ids = rate(1)
+    two, two_ids = rate(2)
+    assert len(one_ids) == 1 and len(two_ids) == 2
+    assert one < 1000 / 200 * 1.05  # one replica: at most 5 req/s by construction
+    assert two >= 1.6 * one, (one, two)
+
+
 def test_a_replica_killed_under_load_loses_no_accepted_request(serve_url: str, tmp_path: Path) -> None:
     """Two replicas each hold two requests of a 400 ms model (one running, one queued); one is killed mid-run.
     The requests it held fail with ActorDiedError in the ingress, which sends them again: every request gets its
