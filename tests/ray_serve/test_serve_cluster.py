@@ -176,6 +176,23 @@ def _homes(client: httpx.Client, url: str, rounds: int = 6, attempts: int = 150)
     raise AssertionError(f"noop and digits never settled on fixed replicas in {attempts} rounds (last: {last})")
 
 
+def test_rate_limits_and_cors_hold_behind_serves_own_http_proxy(repo: Path, serve_url: str) -> None:
+    """The ingress's gateway (`GatewayCall`) through Serve's real proxy: a preflight is answered with the allowed
+    origin, and the anonymous tenant's request bucket (burst 2, ~0 refill) refuses the third request with 429."""
+    deploy(repo, models=["noop"], rate_limit_rps=0.001, rate_limit_burst=2, cors_origins=["http://dash.local"])
+    with httpx.Client(timeout=60.0) as client:
+        preflight = client.options(f"{serve_url}/v2/models/noop/infer", headers={
+            "origin": "http://dash.local", "access-control-request-method": "POST"})
+        assert preflight.status_code == 200, preflight.text
+        assert preflight.headers["access-control-allow-origin"] == "http://dash.local"
+        answers = [client.post(f"{serve_url}/v2/models/noop/infer", json=noop_body(i),
+                               headers={"origin": "http://dash.local"}) for i in range(3)]
+        assert [r.status_code for r in answers] == [200, 200, 429], [r.text for r in answers]
+        assert answers[0].headers["access-control-allow-origin"] == "http://dash.local"
+        assert answers[2].json()["reason"] == "rate_limited" and float(answers[2].headers["retry-after"]) > 60
+        assert client.get(f"{serve_url}/v2/health/ready").status_code == 200  # probes are never limited
+
+
 def test_models_are_multiplexed_one_per_replica(repo: Path, serve_url: str) -> None:
     deploy(repo, replicas=2, multiplex=True, max_models_per_replica=1, router="peak_ewma")
     with httpx.Client(timeout=60.0) as client:
