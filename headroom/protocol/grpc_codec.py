@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from headroom.core.dataplane import ModelMetadata
 from headroom.core.errors import InvalidRequest
 from headroom.core.types import V2_TO_NUMPY, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from headroom.models.config import ModelConfig
@@ -157,3 +158,12 @@ def encode_model_infer(response: InferenceResponse, labels: Labels | None = None
         message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape))
         message.raw_output_contents.append(array_to_raw(np.asarray(tensor.data), tensor.datatype))
     return message
+
+
+def encode_model_metadata(meta: ModelMetadata) -> pb.ModelMetadataResponse:
+    """ModelMetadata's answer (`headroom serve`'s servicer and the Ray Serve ingress)."""
+    tensor = pb.ModelMetadataResponse.TensorMetadata
+    return pb.ModelMetadataResponse(
+        name=meta.name, versions=list(meta.versions), platform=meta.platform,
+        inputs=[tensor(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in meta.inputs],
+        outputs=[tensor(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in meta.outputs])

@@ -36,7 +36,7 @@ from headroom.core.errors import DRAINING_HEADER, Draining, HeadroomError, Inval
 from headroom.core.types import InferenceRequest, InferenceResponse
 from headroom.models.config import ModelConfig
 from headroom.protocol.generated import headroom_inference_pb2 as pb
-from headroom.protocol.grpc_codec import decode_model_infer, encode_model_infer
+from headroom.protocol.grpc_codec import decode_model_infer, encode_model_infer, encode_model_metadata
 from headroom.protocol.grpc_stream import stream_infer
 from headroom.protocol.http_response import Labels, server_timing
 
@@ -151,15 +151,7 @@ class InferenceServicer:
         return pb.ServerMetadataResponse(name=meta.name, version=meta.version, extensions=list(meta.extensions))
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
-        meta = self._dataplane.model_metadata(request.name, request.version)
-        tensor = pb.ModelMetadataResponse.TensorMetadata
-        return pb.ModelMetadataResponse(
-            name=meta.name,
-            versions=list(meta.versions),
-            platform=meta.platform,
-            inputs=[tensor(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in meta.inputs],
-            outputs=[tensor(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in meta.outputs],
-        )
+        return encode_model_metadata(self._dataplane.model_metadata(request.name, request.version))
 
     def _llm(self, request: pb.ModelInferRequest) -> GenerativeInfer | None:
         llm = self._generative

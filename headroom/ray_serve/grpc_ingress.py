@@ -30,14 +30,17 @@ from google.protobuf import message_factory
 
 from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound
 from headroom.protocol.generated import headroom_inference_pb2 as pb
-from headroom.protocol.grpc_codec import decode_model_infer, encode_model_infer
+from headroom.protocol.grpc_codec import decode_model_infer, encode_model_infer, encode_model_metadata
 from headroom.protocol.grpc_service import SERVICE_NAME, check_decoded, lenient_parser
+from headroom.protocol.triton_config import triton_model_config_proto
 from headroom.ray_serve.auth import IngressAuth
+from headroom.ray_serve.model_info import ServedModels
 from headroom.ray_serve.replica import RemoteError
 from headroom.ray_serve.retries import awaited, first_result
 
 #: the RPCs `GrpcIngress` answers (the only ones registered: the others answer UNIMPLEMENTED)
-SERVED_RPCS = ("ModelInfer", "ServerLive", "ServerReady", "ModelReady", "ServerMetadata")
+SERVED_RPCS = ("ModelInfer", "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+               "ModelConfig")
 
 
 def _raw(data: bytes) -> bytes:
@@ -48,6 +51,8 @@ def _raw(data: bytes) -> bytes:
 
 _parse_infer = lenient_parser(pb.ModelInferRequest)
 _parse_model_ready = lenient_parser(pb.ModelReadyRequest)
+_parse_metadata = lenient_parser(pb.ModelMetadataRequest)
+_parse_config = lenient_parser(pb.ModelConfigRequest)
 
 
 async def _never(request: Any, context: Any) -> Any:  # Serve replaces every behaviour with its proxy's
@@ -77,6 +82,7 @@ class GrpcIngress:
     """The RPCs, mixed into `HttpIngress` (its `configs`, `llm_names`, `llm`, `spec`, `stats`, `call_replica`)."""
 
     configs: dict[str, Any]
+    served: ServedModels
     llm_names: frozenset[str]
     llm: Any
     spec: Any
@@ -145,3 +151,31 @@ class GrpcIngress:
             _fail(grpc_context, exc)
             return pb.ServerMetadataResponse()
         return pb.ServerMetadataResponse(name="headroom", version="ray-serve", extensions=[])
+
+    def _parsed(self, rpc: str, raw: bytes, parse: Any, message_type: Any, grpc_context: Any) -> Any:
+        """The caller checked (`IngressAuth.grpc`), then the request parsed as `message_type` (400 otherwise)."""
+        self.auth.grpc(rpc, grpc_context.invocation_metadata())
+        request = parse(raw)
+        if not isinstance(request, message_type):
+            raise InvalidRequest(f"not a {message_type.__name__}")
+        return request
+
+    async def ModelMetadata(self, raw: bytes, grpc_context: Any) -> pb.ModelMetadataResponse:
+        """From the repository, as `headroom serve` answers it (`headroom.ray_serve.model_info`)."""
+        try:
+            request = self._parsed("ModelMetadata", raw, _parse_metadata, pb.ModelMetadataRequest, grpc_context)
+            meta = self.served.metadata(request.name, request.version)
+        except HeadroomError as exc:
+            _fail(grpc_context, exc)
+            return pb.ModelMetadataResponse()
+        return encode_model_metadata(meta)
+
+    async def ModelConfig(self, raw: bytes, grpc_context: Any) -> pb.ModelConfigResponse:
+        """Triton's model configuration, from the repository's config.yaml."""
+        try:
+            request = self._parsed("ModelConfig", raw, _parse_config, pb.ModelConfigRequest, grpc_context)
+            config = self.served.config(request.name, request.version)
+        except HeadroomError as exc:
+            _fail(grpc_context, exc)
+            return pb.ModelConfigResponse()
+        return pb.ModelConfigResponse(config=triton_model_config_proto(config))

@@ -41,12 +41,14 @@ from headroom.gateway.ratelimit import RateLimiter
 from headroom.models.config import ModelConfig
 from headroom.models.repository import ModelRepository
 from headroom.protocol.http_request import parse_header_length
-from headroom.protocol.v2_http import decode_infer_request, encode_infer_response
+from headroom.protocol.triton_config import triton_model_config
+from headroom.protocol.v2_http import decode_infer_request, encode_infer_response, model_metadata_json
 from headroom.ray_serve.app import LLM_DEPLOYMENT, MODELS_DEPLOYMENT
 from headroom.ray_serve.asgi_call import REPLICA_HEADER
 from headroom.ray_serve.auth import IngressAuth, ingress_gateway
 from headroom.ray_serve.fleet_metrics import FleetMetrics
 from headroom.ray_serve.grpc_ingress import GrpcIngress
+from headroom.ray_serve.model_info import ServedModels, model_path
 from headroom.ray_serve.openai_ingress import OpenAIIngress
 from headroom.ray_serve.replica import ReplicaAnswer
 from headroom.ray_serve.retries import awaited, first_result
@@ -98,6 +100,7 @@ class HttpIngress(GrpcIngress):
         self.spec = spec
         index = ModelRepository(Path(spec.model_repository), spec.trusted_backends).scan(spec.models or None)
         self.configs: dict[str, ModelConfig] = {e.name: e.config for e in index.models}
+        self.served = ServedModels.of(index)  # metadata / config / ready, answered here
         self.llm_names = frozenset(str(e.config.parameters.get("served_model_name") or e.name)
                                    for e in index.llm_models)
         self._ids = itertools.count(1)
@@ -135,6 +138,9 @@ class HttpIngress(GrpcIngress):
             if request.method != "POST":
                 return _json({"error": f"use POST for {path}", "reason": "method_not_allowed"}, 405)
             return await self.infer(request, *target)
+        described = model_path(path) if request.method == "GET" else None
+        if described is not None:
+            return self._describe(*described)
         answer = await self.openai.route(request)
         if answer is not None:
             return answer
@@ -147,6 +153,15 @@ class HttpIngress(GrpcIngress):
         if request.method == "GET" and path == STATS_PATH:
             return _json(self.stats)
         return _json({"error": f"no route for {request.method} {path}", "reason": "not_found"}, 404)
+
+    def _describe(self, model: str, version: str, what: str) -> Response:
+        """V2 model metadata, Triton's config, or readiness, from the repository (404 for an unknown model)."""
+        if what == "config":
+            return _json(triton_model_config(self.served.config(model, version)))
+        if what == "ready":
+            self.served.config(model, version)
+            return _json({"name": model, "ready": True})
+        return _json(model_metadata_json(self.served.metadata(model, version)))
 
     def _request_id(self) -> str:
         return f"serve-req-{next(self._ids)}"

@@ -21,7 +21,7 @@ from headroom.batching.batcher import Batcher, BatcherConfig
 from headroom.batching.model_config import latency_budget_ms, policy_config
 from headroom.batching.queue import BatchResult
 from headroom.core.clock import Clock
-from headroom.core.dataplane import DisconnectWatcher, ModelMetadata, ServerMetadata, TensorMetadata
+from headroom.core.dataplane import DisconnectWatcher, ModelMetadata, ServerMetadata
 from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound
 from headroom.core.lifecycle import ServingLifecycle
 from headroom.core.types import InferenceRequest, InferenceResponse, StageTimings, Tensor, v2_datatype
@@ -34,6 +34,7 @@ from headroom.protocol.validation import validate_against
 from headroom.server.disconnect import race_disconnect
 from headroom.server.generative import GenerativeModels
 from headroom.server.metrics import ModelObserver, ServerMetrics
+from headroom.server.model_metadata import metadata_from_config
 from headroom.server.served import ServedVersion
 
 log = logging.getLogger("headroom.access")  # one line per request, refusals before the body included
@@ -199,14 +200,7 @@ class DataPlane:
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         cfg = self.model_config(name, version)
-        lead = (-1,) if cfg.max_batch_size > 0 else ()
-        return ModelMetadata(
-            name=name,
-            versions=tuple(self.loaded_versions(name)) if not version else (version,),
-            platform=cfg.platform,
-            inputs=tuple(TensorMetadata(t.name, t.datatype, lead + t.shape) for t in cfg.inputs),
-            outputs=tuple(TensorMetadata(t.name, t.datatype, lead + t.shape) for t in cfg.outputs),
-        )
+        return metadata_from_config(name, cfg, tuple(self.loaded_versions(name)) if not version else (version,))
 
     def labels(self, name: str, version: str = "") -> dict[str, list[str]] | None:
         """Class names for the classification extension: `parameters.labels` names the first output's classes."""

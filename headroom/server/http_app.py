@@ -23,14 +23,13 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from headroom.core.dataplane import ModelMetadata
 from headroom.core.deadline import client_timeout_ms
 from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound
 from headroom.core.server_timing import server_timing_header
 from headroom.core.types import InferenceRequest, Tensor
 from headroom.gateway.limits import read_body
 from headroom.protocol.openai_errors import FieldError, exception_body
-from headroom.protocol.v2_http import decode_infer_request, encode_infer_response
+from headroom.protocol.v2_http import decode_infer_request, encode_infer_response, model_metadata_json
 from headroom.server import embeddings
 from headroom.server.dataplane import DataPlane
 from headroom.server.http_errors import (
@@ -79,14 +78,6 @@ def disconnect_watcher(request: Request):  # type: ignore[no-untyped-def]
     return wait
 
 
-def metadata_json(meta: ModelMetadata) -> dict[str, object]:
-    return {
-        "name": meta.name, "versions": list(meta.versions), "platform": meta.platform,
-        "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.inputs],
-        "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.outputs],
-    }
-
-
 class HttpApi:
     """Route handlers bound to one data plane."""
 
@@ -115,7 +106,7 @@ class HttpApi:
 
     async def model_metadata(self, request: Request) -> Response:
         p = request.path_params
-        return _json(metadata_json(self.dp.model_metadata(p["model"], p.get("version", ""))))
+        return _json(model_metadata_json(self.dp.model_metadata(p["model"], p.get("version", ""))))
 
     async def model_ready(self, request: Request) -> Response:
         p = request.path_params

@@ -120,7 +120,23 @@ def test_kserve_v2_grpc_through_serves_grpc_proxy(repo: Path, serve_addresses: t
         for client in (via_serve, via_headroom):
             assert _grpc_status(lambda c=client: c.infer("nope", [missing])) == "StatusCode.NOT_FOUND"
             assert _grpc_status(lambda c=client: c.infer("digits", [missing])) == "StatusCode.INVALID_ARGUMENT"
-        assert _grpc_status(lambda: via_serve.get_model_metadata("digits")) == "StatusCode.UNIMPLEMENTED"
+        # metadata and Triton's config come from the ingress's repository scan, equal to headroom serve's
+        for name in ("digits", "noop"):
+            assert via_serve.get_model_metadata(name, as_json=True) == via_headroom.get_model_metadata(name,
+                                                                                                    as_json=True)
+            assert via_serve.get_model_config(name, as_json=True) == via_headroom.get_model_config(name, as_json=True)
+        assert via_serve.get_model_metadata("digits", "1").versions == ["1"]
+        for call in (lambda c: c.get_model_metadata("nope"), lambda c: c.get_model_config("digits", "9")):
+            assert _grpc_status(lambda f=call: f(via_serve)) == _grpc_status(lambda f=call: f(via_headroom)) == (
+                "StatusCode.NOT_FOUND")
+        with httpx.Client(timeout=60.0) as http:  # the V2 HTTP routes too
+            serve_url = serve_addresses[0]
+            for path in ("/v2/models/digits", "/v2/models/digits/versions/1", "/v2/models/digits/config",
+                         "/v2/models/noop/ready", "/v2/models/nope", "/v2/models/digits/versions/9/config"):
+                a, b = http.get(serve_url + path), http.get(server.url + path)
+                assert a.status_code == b.status_code and (a.status_code != 200 or a.json() == b.json()), (
+                    path, a.text, b.text)
+        assert _grpc_status(lambda: via_serve.get_inference_statistics("digits")) == "StatusCode.UNIMPLEMENTED"
 
 
 def test_api_keys_are_required_over_http_and_grpc_as_by_headroom_serve(

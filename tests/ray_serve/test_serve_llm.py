@@ -104,6 +104,19 @@ def test_generate_routes_and_embeddings_through_serve(served: tuple[str, Running
     assert e1.usage.prompt_tokens == e2.usage.prompt_tokens > 0
 
 
+def test_llm_metadata_and_config_through_serve_equal_headroom_serves(served: tuple[str, RunningServer]) -> None:
+    """The LLM's V2 metadata and Triton config (decoupled, text_input/text_output) from the ingress's repository
+    scan, as `headroom serve` answers them; an LLM has no versions (404)."""
+    serve_url, server = served
+    with httpx.Client(timeout=60.0) as http:
+        for path in ("/v2/models/smollm2", "/v2/models/smollm2/config", "/v2/models/smollm2/ready",
+                     "/v2/models/smollm2/versions/1"):
+            a, b = http.get(serve_url + path), http.get(server.url + path)
+            assert a.status_code == b.status_code and (a.status_code != 200 or a.json() == b.json()), (path, a.text)
+        config = http.get(serve_url + "/v2/models/smollm2/config").json()
+    assert config["model_transaction_policy"] == {"decoupled": True}
+
+
 def test_metrics_merge_every_replicas_page_labelled_per_replica(served: tuple[str, RunningServer]) -> None:
     serve_url, _ = served
     _client(serve_url).completions.create(model="smollm2", prompt="Hello", max_tokens=2, temperature=0)
