@@ -36,6 +36,7 @@ from headroom.batching.estimator import LoadEstimates
 from headroom.batching.policy import BatchPolicyConfig, QueuedItem, QueueSnapshot, decide
 from headroom.batching.queue import BatchResult, Entry
 from headroom.batching.workers import ThreadWorkers
+from headroom.core import start_signal
 from headroom.core.clock import Clock
 from headroom.core.errors import Cancelled, DeadlineExceeded, HeadroomError, InvalidRequest, Overloaded
 from headroom.models.base import Model
@@ -179,20 +180,22 @@ class Batcher:
     # -- request path ----------------------------------------------------------------------------------
     async def submit(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object], *,
                      deadline_s: float, priority: int = 1, group: str = "", stream: str = "",
-                     budget_s: float | None = None) -> BatchResult:
+                     budget_s: float | None = None, on_start: Callable[[], None] | None = None) -> BatchResult:
         """Admit (`check_admission` with the request's remaining latency budget), preprocess, queue and
-        await one request. Raises HeadroomError subclasses."""
+        await one request; `on_start` is called once when its batch starts executing (never for a request
+        that leaves the queue without running). Raises HeadroomError subclasses."""
         self.check_admission(budget_s)
         self._admitted += 1
         self._obs.on_queue_depth(self._admitted)
         try:
-            return await self._admit(inputs, parameters, deadline_s, priority, group, stream)
+            return await self._admit(inputs, parameters, deadline_s, priority, group, stream, on_start)
         finally:
             self._admitted -= 1
             self._obs.on_queue_depth(self._admitted)
 
     async def _admit(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object],
-                     deadline_s: float, priority: int, group: str, stream: str) -> BatchResult:
+                     deadline_s: float, priority: int, group: str, stream: str,
+                     on_start: Callable[[], None] | None) -> BatchResult:
         admitted_s = self._clock.now_s()
         self._load.arrivals.observe(admitted_s)
         if self._inline_preprocess:  # cheaper than the thread hop it would otherwise take
@@ -212,7 +215,7 @@ class Batcher:
                           group=group, stream=stream, batch_key=key)
         entry = Entry(item=item, inputs=model_inputs, parameters=parameters,
                       future=asyncio.get_running_loop().create_future(),
-                      admitted_s=admitted_s, preprocess_s=preprocess_s)
+                      admitted_s=admitted_s, preprocess_s=preprocess_s, on_start=on_start)
         entry.future.add_done_callback(_consume_exception)
         if self._died is not None:  # nothing would ever take it from the queue
             raise HeadroomError(f"model '{self._name}' batcher failed: {self._died}")
@@ -292,6 +295,8 @@ class Batcher:
         start_s = self._clock.now_s()
         live = [e for e in entries if not e.cancelled and not e.future.done()]  # done: its task was cancelled
         compute_s = 0.0
+        for entry in live:
+            start_signal.fire(entry.on_start)
         try:
             if live:
                 results = await self._executor.run(self._run_batch, live, start_s, missing)

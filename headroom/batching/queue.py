@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,6 +23,7 @@ class Entry:
     admitted_s: float  # admission time (before preprocessing)
     preprocess_s: float  # seconds spent preprocessing this request
     cancelled: bool = False  # client went away; skip if still queued
+    on_start: Callable[[], None] | None = None  # called once when its batch starts (`headroom.core.start_signal`)
 
 
 @dataclass(frozen=True, slots=True)

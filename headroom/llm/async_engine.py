@@ -24,6 +24,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
+from headroom.core import start_signal
 from headroom.core.errors import HeadroomError, NotReady
 from headroom.llm.engine import LLMEngine
 from headroom.llm.kv_cache import CachedBlocks
@@ -111,6 +112,7 @@ class AsyncLLMEngine:
         if not self.healthy:
             raise NotReady(f"the LLM engine is not running ({self._error or 'stopped'})")
         loop = asyncio.get_running_loop()
+        on_start = start_signal.take()  # a tied copy tells its router when its first output arrives
         stream: asyncio.Queue[SequenceOutput | BaseException] = asyncio.Queue()
         admitted: asyncio.Future[None] = loop.create_future()
         with self._lock:
@@ -124,7 +126,7 @@ class AsyncLLMEngine:
         except asyncio.CancelledError:
             self._abort(request_id)
             raise
-        return _OutputStream(self._abort, request_id, params.n, stream)
+        return _OutputStream(self._abort, request_id, params.n, stream, on_start)
 
     def idle(self) -> bool:
         """No request is queued for or running in the engine (a reload drains the old engine until idle)."""
@@ -253,8 +255,10 @@ class _OutputStream:
         request_id: str,
         n: int,
         stream: asyncio.Queue[SequenceOutput | BaseException],
+        on_start: Callable[[], None] | None = None,
     ) -> None:
         self._abort = abort  # queues the request's abort for the engine thread
+        self._on_start = on_start  # fired once, on the first output (the request is executing)
         self._request_id = request_id  # user-visible id
         self._remaining = n  # choices not finished yet
         self._stream = stream  # outputs pushed by the engine thread
@@ -269,6 +273,9 @@ class _OutputStream:
         if isinstance(item, BaseException):
             self._remaining = 0  # the engine failed or stopped: nothing left to abort
             raise item
+        if self._on_start is not None:
+            start_signal.fire(self._on_start)
+            self._on_start = None
         if item.finished:
             self._remaining -= 1
         return item

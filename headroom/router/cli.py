@@ -33,6 +33,7 @@ from headroom.autoscaler.controller import AutoscalerController
 from headroom.autoscaler.policy import AutoscalerConfig
 from headroom.core.clock import MonotonicClock
 from headroom.core.strict_mapping import ConfigError
+from headroom.core.tied_wire import CALLBACK_PREFIX
 from headroom.gateway.app import GatewaySetup, gateway_setup, wrap_app
 from headroom.gateway.grpc_auth import GatewayInterceptor
 from headroom.gateway.ratelimit import RateLimiter
@@ -119,7 +120,9 @@ def gateway_front(router: Router, gateway: GatewaySetup | None, tracer_provider:
         return router.app, [], "auto"
     limiter = RateLimiter(gateway.config.rate_limits, gateway.config.tenant_rate_limits)
     clock = MonotonicClock()
-    app = wrap_app(router.app, gateway, clock, tracer_provider, registry, limiter)
+    # replicas' tied-request start notices carry no API key: their random single-use tag is the credential
+    cfg = dataclasses.replace(gateway.config, exempt_paths=(*gateway.config.exempt_paths, CALLBACK_PREFIX))
+    app = wrap_app(router.app, dataclasses.replace(gateway, config=cfg), clock, tracer_provider, registry, limiter)
     interceptor = GatewayInterceptor(gateway.keys, limiter if limiter.enabled else None, clock)
     timeout_s = gateway.config.limits.headers_timeout_s
     return app, [interceptor], header_deadline_protocol(timeout_s) if timeout_s > 0 else "auto"
@@ -255,7 +258,8 @@ def route(
                                                  "router sheds (503 + Retry-After) as the fleet nears this."),
     hedging: bool = typer.Option(False, help="Send a budgeted backup request after the p95 latency."),
     tied: bool = typer.Option(False, help="Tail at Scale's tied requests: a second copy ~2 ms later to another "
-                              "replica, the loser cancelled (budget: router.yaml's hedge_budget)."),
+                              "replica; the copy that starts executing first has its twin cancelled (budget: "
+                              "router.yaml's hedge_budget)."),
     shedding: bool = typer.Option(True, help="Coordinated load shedding at the router."),
     autoscale: bool = typer.Option(False, help="Scale replicas on utilisation (up > 75%, down < 25%)."),
     min_replicas: int = typer.Option(1, help="Autoscaling floor."),

@@ -33,8 +33,8 @@ class ProxyConfig:
     hedge: tail.HedgeConfig = field(default_factory=tail.HedgeConfig)  # p95 delay
     hedge_budget: tail.BudgetConfig = tail.HEDGE_BUDGET  # hedges <= 5% of requests (Tail at Scale)
     # Tail at Scale's tied requests: every request also goes to a second replica `tied_delay_s` later (under
-    # hedge_budget: raise its budget_fraction to tie them all); the first answer wins and the other is
-    # cancelled, which removes it from that replica's queue (headroom drops a queued request whose client left)
+    # hedge_budget: raise its budget_fraction to tie them all); the copy whose replica reports first that it
+    # started executing has its twin cancelled, which removes the twin from its replica's queue (router.tied)
     tied: bool = False
     tied_delay_s: float = 0.002  # Tail at Scale: a ~1-2 ms delay avoids most double work on idle replicas
     shedding: bool = True  # coordinated load shedding on aggregate load vs capacity

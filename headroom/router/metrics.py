@@ -6,7 +6,8 @@ autoscaler's desired replicas and scaling events), instead of proxying one repli
     headroom_router_requests_total                      counter: requests the router accepted
     headroom_router_events_total{event}                 counter: shed | limited | retries | retries_denied |
                                                         hedges | hedge_wins | no_replica | upstream_failed |
-                                                        degraded | cancelled
+                                                        degraded | degraded_on_error | tied | tied_unsent |
+                                                        tied_withdrawn | cancelled
     headroom_router_inflight                            gauge: requests in the router now
     headroom_router_concurrency_limit                   gauge: the adaptive (Vegas) limit, when enabled
     headroom_router_replicas{state}                     gauge: replicas by state (ready | ejected | not_ready)

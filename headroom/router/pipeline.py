@@ -41,7 +41,7 @@ log = logging.getLogger("headroom.router")
 
 #: Counters every transport shares (`/router/stats`, `headroom_router_events`).
 COUNTERS = ("requests", "shed", "limited", "retries", "retries_denied", "hedges", "hedge_wins", "no_replica",
-            "upstream_failed", "degraded", "degraded_on_error", "tied", "cancelled")
+            "upstream_failed", "degraded", "degraded_on_error", "tied", "tied_unsent", "tied_withdrawn", "cancelled")
 
 
 class Pipeline:

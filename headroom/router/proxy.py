@@ -35,6 +35,7 @@ from starlette.routing import Route
 
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import Cancelled, DeadlineExceeded, HeadroomError, Overloaded
+from headroom.core.tied_wire import CALLBACK_PREFIX
 from headroom.gateway.forwarded_tenant import forwarded_headers
 from headroom.gateway.limits import read_body
 from headroom.router import degrade, tail
@@ -50,6 +51,7 @@ from headroom.router.prompt_hasher import PromptHasher
 from headroom.router.request_keys import RouteKey, request_key
 from headroom.router.shed import VegasState
 from headroom.router.snapshot import ReplicaSnapshot
+from headroom.router.tied import CLIENT_FORBIDDEN, TiedRaces
 from headroom.router.upstream import HOP_BY_HOP, HttpAttempt, ReplicaRuntime, Upstream
 from headroom.router.wire import Outgoing, UpstreamFailed, disconnected, end_span_with, json_error, router_span
 
@@ -73,7 +75,9 @@ class Router:
         self._checker: asyncio.Task[None] | None = None
         self._wake_checker = asyncio.Event()
         self.set_upstreams(upstreams)
+        self.tied = TiedRaces()  # tied requests' open races (start notices: POST /router/tied/<tag>)
         self.app = Starlette(routes=[*admin_routes(lambda: router_view(self), self.metrics.registry),
+                                     Route(CALLBACK_PREFIX + "{tag}", self._tied_notice, methods=["POST"]),
                                      Route("/{path:path}", self.handle, methods=[
                                          "GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])],
                              lifespan=self._lifespan)
@@ -187,6 +191,11 @@ class Router:
         self.pipeline.finish(attempt)
 
     # ----------------------------------------------------------------------------------------- handling
+    async def _tied_notice(self, request: Request) -> Response:
+        """A replica's notice that its copy of a tied request started: cancel the twin (204 either way)."""
+        self.tied.started(request.path_params["tag"])
+        return Response(status_code=204)
+
     async def handle(self, request: Request) -> Response:
         if request.url.path == "/v2/health/live":
             return Response(status_code=200)
@@ -241,11 +250,12 @@ class Router:
             path, body, degraded_to = rewritten
         query = f"?{request.url.query}" if request.url.query else ""
         tenant = request.scope.get("state", {}).get("tenant", "")  # the gateway's, never the client's header
-        headers = forwarded_headers(request.headers.items(), HOP_BY_HOP, tenant)
+        headers = forwarded_headers(request.headers.items(), HOP_BY_HOP | CLIENT_FORBIDDEN, tenant)
         if traceparent is not None:  # the router's span becomes the replica's parent (tracestate passes as is)
             headers = (*((k, v) for k, v in headers if k.lower() != "traceparent"), ("traceparent", traceparent))
+        server = request.scope.get("server")  # (host, port) the client reached: where start notices go
         return Outgoing(request.method, path + query, headers, body, degraded_to,
-                        tail.replayable(request.method, path))
+                        tail.replayable(request.method, path), int(server[1]) if server and server[1] else 0)
 
     def _respond(self, a: HttpAttempt, inflight_at_start: int, degraded_to: str = "") -> Response:
         rid, pipe = a.replica.upstream.replica_id, self.pipeline

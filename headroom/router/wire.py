@@ -33,6 +33,7 @@ class Outgoing:
     body: bytes  # the request body (possibly rewritten for a fallback model)
     degraded_to: str = ""  # the fallback model serving this request, "" if none
     replayable: bool = False  # idempotent route: may be resent after a connection lost before any answer
+    callback_port: int = 0  # the router's port as the client reached it (tied requests' start notices)
 
 
 def router_span(tracer_provider: TracerProvider | None, request: Request) -> IngressSpan | None:

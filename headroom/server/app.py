@@ -53,6 +53,7 @@ from headroom.server.llm_wiring import llm_fleet
 from headroom.server.metrics import ServerMetrics
 from headroom.server.model_manager import ModelManager, served_version
 from headroom.server.repository_poll import RepositoryPoller
+from headroom.server.tied import TiedNotifier, TiedStartMiddleware
 from headroom.server.triton_settings import TritonSettings
 
 log = logging.getLogger("headroom.server")
@@ -107,6 +108,7 @@ class Server:
         self.drift = DriftFeed(config.drift, self.registry)
         self.registry.register(CascadeCollector(self._served_models))
         self.gc_monitor = GcMonitor(self.registry)
+        self.tied = TiedNotifier()  # tied copies tell `headroom route --tied` when they start executing
         gateway = config.gateway.config  # without API keys every request runs as its anonymous tenant
         self.llm = llm_fleet(self.registry, self.lifecycle, self.dataplane, gateway)
         self._llm_grpc: Any = None  # the LLMs on gRPC ModelInfer / ModelStreamInfer (the fleet, once routed)
@@ -168,8 +170,8 @@ class Server:
         # One access line per request: the data plane writes it (HTTP and gRPC alike); the gateway's own line
         # stays for what the data plane never sees (LLM routes: llm_access_log; its refusals: gateway/access.py).
         quiet = replace(gw, config=replace(gw.config, access_log=False))
-        app = wrap_app(build_http_app(api, [*llm_routes, *dashboard]), quiet, self.clock, provider,
-                       self.registry, self.limiter)
+        http_app = TiedStartMiddleware(build_http_app(api, [*llm_routes, *dashboard]), self.tied)
+        app = wrap_app(http_app, quiet, self.clock, provider, self.registry, self.limiter)
         headers_timeout_s = gw.config.limits.headers_timeout_s
         protocol = header_deadline_protocol(headers_timeout_s) if headers_timeout_s > 0 else "auto"
         uv_config = uvicorn.Config(app, host=self.config.host, port=self.config.http_port, log_level="warning",
@@ -272,6 +274,7 @@ class Server:
         for service in list(self.llm.services):
             await service.stop()
         await self.dataplane.stop()
+        await self.tied.close()
         self.drift.close()
         self.gc_monitor.uninstall()
         log.info("stopped")

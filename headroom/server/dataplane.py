@@ -20,6 +20,7 @@ from headroom import __version__
 from headroom.batching.batcher import Batcher, BatcherConfig
 from headroom.batching.model_config import latency_budget_ms, policy_config
 from headroom.batching.queue import BatchResult
+from headroom.core import start_signal
 from headroom.core.clock import Clock
 from headroom.core.dataplane import DisconnectWatcher, ModelMetadata, ServerMetadata
 from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound
@@ -333,6 +334,7 @@ class DataPlane:
         submit = slot.batcher.submit(
             inputs, params, deadline_s=start_s + swap_wait_s + timeout_ms / 1e3, priority=priority,
             group=str(params.get("frame_id", "")), stream=str(params.get("stream_id", "")), budget_s=budget_s,
+            on_start=start_signal.take(),  # a tied copy tells its router when it leaves the queue
         )
         result = await race_disconnect(submit, disconnected, cfg.name)
         return self._response(slot, request, result, start_s)

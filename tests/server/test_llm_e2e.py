@@ -15,7 +15,9 @@ import openai
 import pytest
 from openai import OpenAI
 
+from tests.server.test_tied_notice_e2e import NoticeListener
 from tests.support.server import RunningServer, run_server
+from tests.support.waiting import until
 
 REPO = Path(__file__).resolve().parents[2] / "models"
 
@@ -220,3 +222,19 @@ def test_vllm_metric_names_and_dashboard_against_the_live_server(llm_server: Run
         assert 'model_name="$model_name"' in expr
     variable = next(v for v in doc["templating"]["list"] if v["name"] == "model_name")
     assert variable["definition"] == 'label_values({__name__=~"vllm:.*"},model_name)'
+
+
+async def test_a_tied_llm_copy_notifies_on_its_first_token_streamed_or_not(llm_server: RunningServer) -> None:
+    """headroom.server.tied on the OpenAI routes: the engine's first output of a tagged request sends one start
+    notice, streamed and unstreamed alike."""
+    async with NoticeListener() as router, httpx.AsyncClient(base_url=llm_server.url, timeout=120.0) as client:
+        for copy, stream in ((0, False), (1, True)):
+            tag = f"LlmT1ed_{copy}x.{copy}"
+            body = {"model": "smollm2", "prompt": "Count: one, two,", "max_tokens": 24, "temperature": 0,
+                    "ignore_eos": True, "stream": stream}
+            r = await client.post("/v1/completions", json=body,
+                                  headers={"x-headroom-tied": tag, "x-headroom-tied-port": str(router.port)})
+            assert r.status_code == 200, r.text
+            path = f"POST /router/tied/{tag}"
+            await until(lambda: path in [p for p, _ in router.notices], f"{tag}'s notice")  # noqa: B023
+        assert len(router.notices) == 2
