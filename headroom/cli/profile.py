@@ -13,7 +13,14 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from headroom.profiling.measure import BatchTiming, default_batch_sizes, profile_document, profile_model
+from headroom.profiling.affinity import available_cpus
+from headroom.profiling.measure import (
+    BatchTiming,
+    default_batch_sizes,
+    peak_rss_bytes,
+    profile_document,
+    profile_model,
+)
 
 if TYPE_CHECKING:
     from headroom.models.repository import ModelEntry, ModelRepository
@@ -84,7 +91,8 @@ def profile(
         timings = profile_model(loaded.model, sizes, repeats, done)
     loaded.unload()
     console.print(table)
-    doc = json.dumps(profile_document(model, timings, repeats), indent=2)
+    shape = {"cpus": len(available_cpus()), "peak_rss_bytes": peak_rss_bytes()}  # what the times hold for
+    doc = json.dumps(profile_document(model, timings, repeats, **shape), indent=2)
     if output is None:
         typer.echo(doc)
     else:

@@ -2,7 +2,8 @@
 simulator read (headroom.sim.profile, docs/sim.md):
 
     {"name": "minilm", "service_ms": {"1": 9.1, "2": 11.0, ...}, "distribution": "lognormal", "cv": 0.08,
-     "meta": {"machine": ..., "date": ..., "repeats": 20, "p50_ms": {...}, "p99_ms": {...}}}
+     "meta": {"machine": ..., "date": ..., "repeats": 20, "p50_ms": {...}, "p99_ms": {...},
+              "cpus": 2, "peak_rss_bytes": 412000000}}
 
 Inputs come from the model's own `warmup_inputs` (real sentences for minilm, zeros elsewhere), preprocessed
 and collated once per batch size, so only the batched model call is timed, as the batcher executes it.
@@ -11,6 +12,8 @@ and collated once per batch size, so only the batched model call is timed, as th
 from __future__ import annotations
 
 import platform
+import resource
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -78,8 +81,17 @@ def profile_model(model: Model, batch_sizes: Sequence[int], repeats: int,
     return results
 
 
-def profile_document(model_name: str, timings: Sequence[BatchTiming], repeats: int) -> dict[str, object]:
-    """The JSON profile (see module docstring)."""
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (getrusage: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def profile_document(model_name: str, timings: Sequence[BatchTiming], repeats: int, cpus: int | None = None,
+                     peak_rss_bytes: int | None = None) -> dict[str, object]:
+    """The JSON profile (see module docstring). `cpus` (the CPUs the measuring process could run on) and
+    `peak_rss_bytes` (its peak resident memory, the model loaded and running) describe the shape the times hold
+    for: `headroom deploy k8s --from-profile` sizes a replica's resource requests from them."""
     cvs = [t.cv for t in timings]
     return {
         "name": model_name,
@@ -95,5 +107,7 @@ def profile_document(model_name: str, timings: Sequence[BatchTiming], repeats: i
             "p99_ms": {str(t.batch_size): round(t.percentile_ms(99), 4) for t in timings},
             "throughput_items_per_s": {str(t.batch_size): round(t.batch_size / (t.mean_ms / 1e3), 2)
                                        for t in timings},
+            **({} if cpus is None else {"cpus": cpus}),
+            **({} if peak_rss_bytes is None else {"peak_rss_bytes": peak_rss_bytes}),
         },
     }

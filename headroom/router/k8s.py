@@ -29,8 +29,9 @@ import yaml
 from headroom.plan.capacity import plan_capacity
 from headroom.router.fleet_config import FleetConfig, dump_fleet_config, given_flags, load_fleet_config
 from headroom.router.k8s_config import K8sConfig, Manifest
-from headroom.router.k8s_plan import fields_from_plan
+from headroom.router.k8s_plan import fields_from_plan, replica_shape
 from headroom.router.k8s_router import labels, replicas_service_name, router_manifests, router_name
+from headroom.sim.profile import resolve_profile
 
 
 def _labels(cfg: K8sConfig) -> dict[str, str]:
@@ -219,10 +220,15 @@ def k8s(
                                           "the PDB, the autoscaler's per-pod targets and the ceiling."),
     p99_ms: float = typer.Option(1000.0, help="With --peak-qps: the p99 latency SLO (ms)."),
     service_ms: float = typer.Option(100.0, help="With --peak-qps: one replica's measured service time (ms)."),
+    from_profile: str | None = typer.Option(None, "--from-profile", help="A `headroom profile` file (or built-in "
+                                            "name): the service time at batch 1 (instead of --service-ms) and "
+                                            "the replica's CPU and memory requests, from the shape it was "
+                                            "measured on (--replica-cpu / --replica-memory override them)."),
     redundancy: int = typer.Option(1, help="With --peak-qps: k of N+k, replicas that may be down (PDB)."),
     replica_cpu: str = typer.Option("2", help="CPU request = limit of a replica (the shape --service-ms was "
-                                    "measured on)."),
-    replica_memory: str = typer.Option("4Gi", help="Memory request = limit of a replica."),
+                                    "measured on; default: --from-profile's, else 2)."),
+    replica_memory: str = typer.Option("4Gi", help="Memory request = limit of a replica (default: "
+                                       "--from-profile's measured peak plus the server's share, else 4Gi)."),
     output: Path | None = typer.Option(None, help="Write here instead of stdout."),
 ) -> None:
     """Kubernetes manifests: the replica Deployment (startup/readiness/liveness probes, preStop drain), its
@@ -238,7 +244,15 @@ def k8s(
                                   "cpu": replica_cpu, "memory": replica_memory}
         if config is not None:
             fields |= from_fleet(load_fleet_config(config))
-        fields |= {k: v for k, v in given_flags(ctx).items() if k in fields}
+        given = given_flags(ctx)
+        fields |= {k: v for k, v in given.items() if k in fields}
+        if from_profile is not None:  # the measured shape (headroom.router.k8s_plan.replica_shape)
+            profile = resolve_profile(from_profile)
+            service_ms = profile.mean_service_s(1) * 1e3
+            cpu, memory = replica_shape(profile.meta)
+            replica_cpu = replica_cpu if "replica_cpu" in given else cpu
+            replica_memory = replica_memory if "replica_memory" in given else memory
+            fields |= {"cpu": replica_cpu, "memory": replica_memory}
         if peak_qps is not None:  # the planner feeds the deployment (headroom.router.k8s_plan)
             plan = plan_capacity(peak_qps, p99_ms / 1e3, service_ms / 1e3, redundancy=redundancy)
             fields |= fields_from_plan(plan, int(fields["max_replicas"]), replica_cpu, replica_memory)

@@ -11,17 +11,28 @@ it decides:
 * the autoscaler's per-pod targets: a pod at the safe utilisation rho_max serves mu x rho_max requests/s
   (KEDA's threshold) and holds rho_max / (1 - rho_max) requests on average (M/M/1 at rho_max: the HPA's
   in-flight target);
-* resource requests: the CPU and memory of the replica whose service time was measured (`--replica-cpu`,
-  `--replica-memory`): the plan's per-replica rate holds only for a pod of that shape, so requests = limits
-  = that shape (Guaranteed QoS keeps the measured service time).
+* resource requests: the CPU and memory of the replica whose service time was measured: the plan's
+  per-replica rate holds only for a pod of that shape, so requests = limits = that shape (Guaranteed QoS keeps
+  the measured service time). With `--from-profile` (a `headroom profile` file) the shape comes from the
+  measurement itself (`replica_shape`): the CPUs the profiling process could run on, and its peak resident
+  memory with the model loaded and running its largest batches, with a 25% margin, rounded up to 64 Mi.
+  Measured on 2026-12-07 (2-core EPYC): `headroom profile`'s peak was 412 MiB for digits and 668 MiB for
+  minilm, and `headroom serve` of the same model peaked at 111 MiB (ready) and 367 MiB (after a 15 s burst
+  of 64 clients): the profiling process holds more than the server (it imports the whole toolset), so its
+  peak bounds a replica's. Otherwise `--replica-cpu` / `--replica-memory` say it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from headroom.plan.capacity import CapacityPlan
+
+MiB = 1024 * 1024
+MEMORY_MARGIN = 1.25  # headroom over the measured peak: requests in flight, allocator fragmentation
+MEMORY_STEP_BYTES = 64 * MiB
 
 
 def fields_from_plan(plan: CapacityPlan, max_replicas: int, replica_cpu: str, replica_memory: str) -> dict[str, Any]:
@@ -36,3 +47,17 @@ def fields_from_plan(plan: CapacityPlan, max_replicas: int, replica_cpu: str, re
         "cpu": replica_cpu,
         "memory": replica_memory,
     }
+
+
+def replica_shape(meta: Mapping[str, Any]) -> tuple[str, str]:
+    """(cpu, memory) requests for a replica, from a profile's `meta` (`headroom profile` writes `cpus` and
+    `peak_rss_bytes`); ValueError naming what is missing."""
+    cpus, rss = meta.get("cpus"), meta.get("peak_rss_bytes")
+    if not isinstance(cpus, int) or isinstance(cpus, bool) or cpus < 1:
+        raise ValueError("the profile does not say how many CPUs it was measured on (meta.cpus); re-run "
+                         "`headroom profile MODEL --output FILE`, or give --replica-cpu and --replica-memory")
+    if not isinstance(rss, int) or isinstance(rss, bool) or rss < 1:
+        raise ValueError("the profile does not say how much memory the model used (meta.peak_rss_bytes); re-run "
+                         "`headroom profile MODEL --output FILE`, or give --replica-memory")
+    need = rss * MEMORY_MARGIN
+    return str(cpus), f"{math.ceil(need / MEMORY_STEP_BYTES) * MEMORY_STEP_BYTES // MiB}Mi"

@@ -95,3 +95,17 @@ def test_profile_all_three_runtimes_on_digits(digits_repo: Path, tmp_path: Path)
     compiled = doc["runtimes"][1]
     assert compiled["runtime"] == "compile" and "compile" in compiled["cold_start_s"]
     assert compiled["artifact_cache"] in ("miss (written)", "hit")
+
+
+def test_a_profile_records_the_shape_it_was_measured_on(digits_repo: Path, tmp_path: Path) -> None:  # noqa: F811
+    """`headroom profile` writes the CPUs it could run on and its peak RSS: what `headroom deploy k8s
+    --from-profile` sizes a replica from (headroom.router.k8s_plan.replica_shape)."""
+    import os
+
+    out = tmp_path / "digits.json"
+    result = CliRunner().invoke(app, ["profile", "digits", "--model-repository", str(digits_repo),
+                                      "--batch-sizes", "1,4", "--repeats", "3", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["cpus"] == len(os.sched_getaffinity(0))
+    assert 10 * 1024 * 1024 < meta["peak_rss_bytes"] < 64 * 1024**3  # a real process's peak, in bytes

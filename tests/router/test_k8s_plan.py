@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]  # no py.typed marker
+import pytest
 import typer
 import yaml
 from typer.testing import CliRunner
 
 from headroom.plan.capacity import plan_capacity
 from headroom.router.k8s import deploy_app
-from headroom.router.k8s_plan import fields_from_plan
+from headroom.router.k8s_plan import fields_from_plan, replica_shape
 
 K8S_VERSION = "1.37.0"
 
@@ -58,3 +61,36 @@ def test_without_a_plan_the_budget_is_min_available_and_an_unreachable_slo_is_re
     app.add_typer(deploy_app, name="deploy")
     bad = CliRunner().invoke(app, ["deploy", "k8s", "--peak-qps", "10", "--p99-ms", "100", "--service-ms", "100"])
     assert bad.exit_code == 2 and "slo" in bad.output.lower(), bad.output
+
+
+def test_the_replica_shape_comes_from_the_profile_measurement() -> None:
+    MiB = 1024 * 1024
+    # 412 MiB measured x 1.25 = 515 MiB, rounded up to 64 Mi steps
+    assert replica_shape({"cpus": 2, "peak_rss_bytes": 412 * MiB}) == ("2", "576Mi")
+    assert replica_shape({"cpus": 1, "peak_rss_bytes": 1}) == ("1", "64Mi")
+    for meta in ({}, {"cpus": 2}, {"peak_rss_bytes": MiB}, {"cpus": 0, "peak_rss_bytes": MiB},
+                 {"cpus": True, "peak_rss_bytes": MiB}, {"cpus": 2, "peak_rss_bytes": "1Gi"},
+                 {"cpus": 2.5, "peak_rss_bytes": MiB}, {"cpus": 2, "peak_rss_bytes": 0}):
+        with pytest.raises(ValueError, match="headroom profile"):
+            replica_shape(meta)
+
+
+def test_deploy_from_a_profile_takes_its_service_time_and_shape(tmp_path: Path) -> None:
+    profile = tmp_path / "m.json"
+    profile.write_text(json.dumps({"name": "m", "service_ms": {"1": 100.0, "8": 300.0}, "cv": 0.1,
+                                   "meta": {"cpus": 4, "peak_rss_bytes": 3000 * 1024 * 1024}}))
+    # the same plan as --service-ms 100 (25 replicas), with the measured shape: 3000 MiB x 1.25 -> 3776Mi
+    docs = _render("--peak-qps", "100", "--p99-ms", "1000", "--from-profile", str(profile))
+    assert docs["Deployment"]["spec"]["replicas"] == 25
+    container = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"] == {"cpu": "4", "memory": "3776Mi"}
+    assert container["resources"]["limits"] == container["resources"]["requests"]
+    flagged = _render("--from-profile", str(profile), "--replica-cpu", "3")  # a flag given wins
+    container = flagged["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"] == {"cpu": "3", "memory": "3776Mi"}
+    old = tmp_path / "old.json"  # a profile written before the shape was recorded
+    old.write_text(json.dumps({"name": "m", "service_ms": {"1": 100.0}}))
+    app = typer.Typer()
+    app.add_typer(deploy_app, name="deploy")
+    bad = CliRunner().invoke(app, ["deploy", "k8s", "--from-profile", str(old)])
+    assert bad.exit_code == 2 and "meta.cpus" in bad.output, bad.output
