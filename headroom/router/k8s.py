@@ -29,9 +29,8 @@ import yaml
 from headroom.plan.capacity import plan_capacity
 from headroom.router.fleet_config import FleetConfig, dump_fleet_config, given_flags, load_fleet_config
 from headroom.router.k8s_config import K8sConfig, Manifest
-from headroom.router.k8s_plan import fields_from_plan, replica_shape
+from headroom.router.k8s_plan import fields_from_plan, from_profile_file
 from headroom.router.k8s_router import labels, replicas_service_name, router_manifests, router_name
-from headroom.sim.profile import resolve_profile
 
 
 def _labels(cfg: K8sConfig) -> dict[str, str]:
@@ -220,8 +219,8 @@ def k8s(
                                           "the PDB, the autoscaler's per-pod targets and the ceiling."),
     p99_ms: float = typer.Option(1000.0, help="With --peak-qps: the p99 latency SLO (ms)."),
     service_ms: float = typer.Option(100.0, help="With --peak-qps: one replica's measured service time (ms)."),
-    from_profile: str | None = typer.Option(None, "--from-profile", help="A `headroom profile` file (or built-in "
-                                            "name): the service time at batch 1 (instead of --service-ms) and "
+    from_profile: Path | None = typer.Option(None, "--from-profile", help="A `headroom profile --output` file: "
+                                             "the service time at batch 1 (instead of --service-ms) and "
                                             "the replica's CPU and memory requests, from the shape it was "
                                             "measured on (--replica-cpu / --replica-memory override them)."),
     redundancy: int = typer.Option(1, help="With --peak-qps: k of N+k, replicas that may be down (PDB)."),
@@ -247,9 +246,7 @@ def k8s(
         given = given_flags(ctx)
         fields |= {k: v for k, v in given.items() if k in fields}
         if from_profile is not None:  # the measured shape (headroom.router.k8s_plan.replica_shape)
-            profile = resolve_profile(from_profile)
-            service_ms = profile.mean_service_s(1) * 1e3
-            cpu, memory = replica_shape(profile.meta)
+            service_ms, cpu, memory = from_profile_file(from_profile)
             replica_cpu = replica_cpu if "replica_cpu" in given else cpu
             replica_memory = replica_memory if "replica_memory" in given else memory
             fields |= {"cpu": replica_cpu, "memory": replica_memory}

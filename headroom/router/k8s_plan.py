@@ -24,8 +24,10 @@ it decides:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from headroom.plan.capacity import CapacityPlan
@@ -61,3 +63,20 @@ def replica_shape(meta: Mapping[str, Any]) -> tuple[str, str]:
                          "`headroom profile MODEL --output FILE`, or give --replica-memory")
     need = rss * MEMORY_MARGIN
     return str(cpus), f"{math.ceil(need / MEMORY_STEP_BYTES) * MEMORY_STEP_BYTES // MiB}Mi"
+
+
+def from_profile_file(path: Path) -> tuple[float, str, str]:
+    """(service ms at batch 1, cpu, memory) from a `headroom profile --output` file; ValueError saying what is
+    wrong. Read here, not through headroom.sim, which imports the router."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--from-profile {path}: cannot read a profile ({exc})") from None
+    service = doc.get("service_ms") if isinstance(doc, dict) else None
+    first = service.get("1") if isinstance(service, dict) else None
+    if not isinstance(first, (int, float)) or isinstance(first, bool) or not first > 0:
+        raise ValueError(f"--from-profile {path}: no service time at batch size 1 (service_ms['1']); write it "
+                         "with `headroom profile MODEL --output FILE`")
+    meta = doc.get("meta")
+    cpu, memory = replica_shape(meta if isinstance(meta, dict) else {})
+    return float(first), cpu, memory

@@ -94,3 +94,8 @@ def test_deploy_from_a_profile_takes_its_service_time_and_shape(tmp_path: Path) 
     app.add_typer(deploy_app, name="deploy")
     bad = CliRunner().invoke(app, ["deploy", "k8s", "--from-profile", str(old)])
     assert bad.exit_code == 2 and "meta.cpus" in bad.output, bad.output
+    garbled = tmp_path / "garbled.json"
+    garbled.write_text("{not json")
+    for path, says in ((garbled, "cannot read a profile"), (tmp_path / "missing.json", "cannot read a profile")):
+        refused = CliRunner().invoke(app, ["deploy", "k8s", "--from-profile", str(path)])
+        assert refused.exit_code == 2 and says in refused.output, refused.output
