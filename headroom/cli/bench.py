@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.live import Live
@@ -18,54 +18,29 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from headroom.cli.bench_options import (
-    Arrival,
-    Concurrency,
-    Confidence,
-    Cpus,
-    Cv,
-    DatasetPath,
-    Duration,
-    EndRate,
+    ARRIVAL,
+    BISECTION,
+    CLIENT,
+    DATASET,
+    DURATION,
+    GOODPUT_SLOS,
+    HTML_OUT,
+    JSON_OUT,
+    KNOB_SWEEP,
+    LOAD_SHAPE,
+    MARKDOWN_OUT,
+    MEASUREMENT,
+    PLOTS_OUT,
+    QUIET,
+    RATE,
+    SCENARIO,
+    SCRAPE,
+    SLO_P99,
+    SWEEP_RATE,
+    TARGET,
     HtmlOut,
-    HttpClientOpt,
-    IgnoreEos,
-    InputLen,
-    InputLenStd,
-    InputName,
-    JsonOut,
-    Label,
-    LateMs,
-    MaxConn,
-    MaxTokens,
-    MetricsUrl,
-    Model,
-    NoStream,
-    NumQueries,
-    NumSamples,
-    OffRate,
-    OffS,
-    OnS,
-    OutputLen,
-    OutputLenStd,
-    PrefixWords,
-    Protocol,
-    Quiet,
-    Rate,
-    Rates,
-    Scenario,
-    ScrapeS,
-    Seed,
-    SloE2e,
-    SloP99,
-    SloTpot,
-    SloTtft,
-    StepS,
-    TextShape,
-    TimeoutS,
-    Trace,
-    Url,
-    Warmup,
-    Workload,
+    command_options,
+    defaults,
 )
 from headroom.cli.bench_sweep import knob_sweep, rate_sweep, run_html, sweep_html
 from headroom.loadgen.clients import PROTOCOLS
@@ -134,138 +109,69 @@ async def _run_with_live(config: BenchConfig, quiet: bool) -> RunOutcome:
         return await run_bench(config, on_progress=lambda s, t: live.update(progress_text(s, t, total_s)))
 
 
+RUN_OPTIONS = (
+    *TARGET,
+    SCENARIO,
+    ARRIVAL,
+    RATE,
+    DURATION,
+    SLO_P99,
+    JSON_OUT,
+    MARKDOWN_OUT,
+    PLOTS_OUT,
+    HTML_OUT,
+    *LOAD_SHAPE,
+    *DATASET,
+    *GOODPUT_SLOS,
+    *CLIENT,
+    *SCRAPE,
+    *MEASUREMENT,
+    QUIET,
+)
+
+
 @app.command("run")
-def run(
-    url: Url,
-    model: Model = "model",
-    protocol: Protocol = "v2-http",
-    scenario: Scenario = "server",
-    arrival: Arrival = "poisson",
-    rate: Rate = 10.0,
-    duration: Duration = 10.0,
-    slo_p99_ms: SloP99 = 0.0,
-    json_out: JsonOut = None,
-    markdown: Annotated[Path | None, typer.Option(help="Write the Markdown summary here.")] = None,
-    plots: Annotated[Path | None, typer.Option(help="Write PNG plots into this directory.")] = None,
-    html: HtmlOut = None,
-    concurrency: Concurrency = 0,
-    num_queries: NumQueries = 0,
-    cv: Cv = 1.0,
-    on_s: OnS = 1.0,
-    off_s: OffS = 1.0,
-    off_rate: OffRate = 0.0,
-    end_rate: EndRate = 0.0,
-    rates: Rates = "",
-    step_s: StepS = 1.0,
-    trace: Trace = "",
-    workload: Workload = "",
-    dataset_path: DatasetPath = "",
-    num_samples: NumSamples = 256,
-    input_len: InputLen = 64,
-    input_len_std: InputLenStd = 16,
-    output_len: OutputLen = 64,
-    output_len_std: OutputLenStd = 0,
-    prefix_words: PrefixWords = 512,
-    slo_e2e_ms: SloE2e = 0.0,
-    slo_ttft_ms: SloTtft = 0.0,
-    slo_tpot_ms: SloTpot = 0.0,
-    seed: Seed = 0,
-    timeout_s: TimeoutS = 60.0,
-    max_connections: MaxConn = 256,
-    input_name: InputName = "",
-    text_shape: TextShape = "1,1",
-    no_stream: NoStream = False,
-    ignore_eos: IgnoreEos = False,
-    max_tokens: MaxTokens = 64,
-    metrics_url: MetricsUrl = "",
-    scrape_interval_s: ScrapeS = 1.0,
-    warmup: Warmup = 4,
-    confidence: Confidence = 0.99,
-    late_threshold_ms: LateMs = 10.0,
-    label: Label = "",
-    cpus: Cpus = "",
-    http_client: HttpClientOpt = "aiohttp",
-    quiet: Quiet = False,
-) -> None:
+@command_options(*RUN_OPTIONS)
+def run(**kw: Any) -> None:
     """Benchmark URL once and report percentiles, goodput, errors, stages and server metrics.
 
     Example: headroom bench http://127.0.0.1:8000 -m digits --rate 200 --duration 30 --slo-p99-ms 20
     --json out.json --plots plots/
     """
-    _pin(cpus)
-    kw = dict(locals())
+    _pin(kw["cpus"])
     try:
         config = config_from_options(**kw)
-        outcome = asyncio.run(_run_with_live(config, quiet))
+        outcome = asyncio.run(_run_with_live(config, kw["quiet"]))
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    write_outputs(outcome, json_out, markdown, plots)
-    if html is not None:
-        console.print(f"wrote {run_html(outcome, html)}")
+    write_outputs(outcome, kw["json_out"], kw["markdown"], kw["plots"])
+    if kw["html"] is not None:
+        console.print(f"wrote {run_html(outcome, kw['html'])}")
     counts = outcome.result["counts"]
     if counts["completed"] and counts["ok"] == 0:
         examples = "; ".join(f"{k}: {v}" for k, v in counts["error_examples"].items())
         raise _fail(f"every request failed ({examples}). Check the URL, --model and --protocol.")
 
 
+SWEEP_OPTIONS = (
+    *TARGET,
+    ARRIVAL,
+    SWEEP_RATE,
+    DURATION.replace(default=30.0),
+    SLO_P99,
+    JSON_OUT,
+    *BISECTION,
+    *KNOB_SWEEP,
+    HTML_OUT,
+    *DATASET,
+    *CLIENT,
+    *MEASUREMENT,
+)
+
+
 @app.command("sweep")
-def sweep(
-    url: Url,
-    model: Model = "model",
-    protocol: Protocol = "v2-http",
-    arrival: Arrival = "poisson",
-    rate: Annotated[float, typer.Option("--rate", "-r", help="Knob sweep: the rate of every run.")] = 10.0,
-    duration: Duration = 30.0,
-    slo_p99_ms: SloP99 = 0.0,
-    json_out: JsonOut = None,
-    low_rate: Annotated[float, typer.Option(help="Bisection: lowest rate considered.")] = 1.0,
-    high_rate: Annotated[float, typer.Option(help="Bisection: first guess (doubled while VALID).")] = 100.0,
-    tolerance: Annotated[float, typer.Option(help="Bisection: stop when the bracket is this fraction wide.")] = 0.05,
-    max_probes: Annotated[int, typer.Option(help="Bisection: at most this many runs.")] = 12,
-    knob: Annotated[
-        str,
-        typer.Option(
-            help="Knob sweep: knob name (e.g. max_queue_delay_ms); needs --values, --server-cmd, --ready-url."
-        ),
-    ] = "",
-    values: Annotated[str, typer.Option(help="Knob sweep: comma-separated values.")] = "",
-    server_cmd: Annotated[
-        str, typer.Option(help="Knob sweep: server command line with {value}, started and stopped once per value.")
-    ] = "",
-    ready_url: Annotated[
-        str, typer.Option(help="Knob sweep: polled until 200 before each run (default URL/v2/health/ready).")
-    ] = "",
-    server_cpus: Annotated[
-        str,
-        typer.Option(
-            help="Knob sweep: pin the server (taskset -c LIST); otherwise it inherits the generator's --cpus."
-        ),
-    ] = "",
-    plot: Annotated[Path | None, typer.Option(help="PNG of the Pareto frontier (knob sweep).")] = None,
-    html: HtmlOut = None,
-    workload: Workload = "",
-    dataset_path: DatasetPath = "",
-    num_samples: NumSamples = 256,
-    input_len: InputLen = 64,
-    input_len_std: InputLenStd = 16,
-    output_len: OutputLen = 64,
-    output_len_std: OutputLenStd = 0,
-    prefix_words: PrefixWords = 512,
-    seed: Seed = 0,
-    timeout_s: TimeoutS = 60.0,
-    max_connections: MaxConn = 256,
-    input_name: InputName = "",
-    text_shape: TextShape = "1,1",
-    no_stream: NoStream = False,
-    ignore_eos: IgnoreEos = False,
-    max_tokens: MaxTokens = 64,
-    warmup: Warmup = 4,
-    confidence: Confidence = 0.99,
-    late_threshold_ms: LateMs = 10.0,
-    label: Label = "",
-    cpus: Cpus = "",
-    http_client: HttpClientOpt = "aiohttp",
-) -> None:
+@command_options(*SWEEP_OPTIONS)
+def sweep(**kw: Any) -> None:
     """Find the highest rate whose Server run is VALID under --slo-p99-ms (bisection), or, with --knob, run
     once per knob value and draw the latency-throughput Pareto frontier.
 
@@ -273,50 +179,34 @@ def sweep(
     """
     from headroom.loadgen.sweep import BisectConfig
 
-    _pin(cpus)
-    kw = dict(locals())
-    kw.update(
-        scenario="server",
-        concurrency=0,
-        num_queries=0,
-        cv=1.0,
-        on_s=1.0,
-        off_s=1.0,
-        off_rate=0.0,
-        end_rate=0.0,
-        rates="",
-        step_s=1.0,
-        trace="",
-        slo_e2e_ms=0.0,
-        slo_ttft_ms=0.0,
-        slo_tpot_ms=0.0,
-        metrics_url="",
-        scrape_interval_s=1.0,
-    )
+    _pin(kw["cpus"])
+    run_defaults = defaults(RUN_OPTIONS)  # every run is a Server run, with `run`'s defaults for what sweep lacks
     try:
-        base = config_from_options(**kw)
-        if knob:
+        base = config_from_options(**(run_defaults | kw))
+        if kw["knob"]:
             summary = knob_sweep(
                 base,
-                knob,
-                values,
-                server_cmd,
-                ready_url or url.rstrip("/") + "/v2/health/ready",
-                server_cpus,
-                plot,
+                kw["knob"],
+                kw["values"],
+                kw["server_cmd"],
+                kw["ready_url"] or kw["url"].rstrip("/") + "/v2/health/ready",
+                kw["server_cpus"],
+                kw["plot"],
             )
         else:
-            summary = rate_sweep(base, slo_p99_ms, BisectConfig(low_rate_per_s=low_rate,
-                                                                high_rate_per_s=max(high_rate, low_rate),
-                                                                rel_tolerance=tolerance, max_probes=max_probes))
+            low_rate = kw["low_rate"]
+            bisect = BisectConfig(low_rate_per_s=low_rate, high_rate_per_s=max(kw["high_rate"], low_rate),
+                                  rel_tolerance=kw["tolerance"], max_probes=kw["max_probes"])
+            summary = rate_sweep(base, kw["slo_p99_ms"], bisect)
     except ValueError as exc:
         raise _fail(str(exc)) from None
+    json_out = kw["json_out"]
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(summary, indent=1))
         console.print(f"wrote {json_out}")
-    if html is not None:
-        console.print(f"wrote {sweep_html(summary, html)}")
+    if kw["html"] is not None:
+        console.print(f"wrote {sweep_html(summary, kw['html'])}")
 
 
 @app.command("compare")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,11 @@ def parse_floats(text: str, what: str) -> tuple[float, ...]:
         raise ValueError(f"{what}: expected comma-separated numbers, got {text!r}") from None
 
 
+def _same_named(kw: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    """The options `names`, for the config fields named like them."""
+    return {name: kw[name] for name in names}
+
+
 def config_from_options(**kw: Any) -> BenchConfig:
     """The BenchConfig for the CLI's options (keyword names as in `headroom bench run`)."""
     protocol = kw["protocol"]
@@ -45,53 +50,35 @@ def config_from_options(**kw: Any) -> BenchConfig:
         workload = "jsonl" if kw["dataset_path"] else DEFAULT_WORKLOAD_FOR_PROTOCOL.get(protocol, "sentences")
     return BenchConfig(
         client=ClientConfig(
-            url=kw["url"],
-            model=kw["model"],
-            protocol=protocol,
-            timeout_s=kw["timeout_s"],
-            max_connections=kw["max_connections"],
-            input_name=kw["input_name"],
+            **_same_named(kw, "url", "model", "protocol", "timeout_s", "max_connections", "input_name", "ignore_eos",
+                          "http_client"),
             text_shape=tuple(int(d) for d in str(kw.get("text_shape") or "1,1").split(",")),
             stream=not kw["no_stream"],
-            ignore_eos=kw["ignore_eos"],
             default_max_tokens=kw["max_tokens"],
-            http_client=kw["http_client"],
         ),
-        scenario=kw["scenario"],
         arrival=ArrivalSpec(
+            **_same_named(kw, "cv", "on_s", "off_s", "step_s"),
             kind=kw["arrival"],
             rate_per_s=kw["rate"],
             duration_s=kw["duration"],
-            cv=kw["cv"],
-            on_s=kw["on_s"],
-            off_s=kw["off_s"],
             off_rate_per_s=kw["off_rate"],
             end_rate_per_s=kw["end_rate"],
             rates_per_s=parse_floats(kw["rates"], "--rates"),
-            step_s=kw["step_s"],
             trace_path=kw["trace"],
         ),
-        closed_concurrency=kw["concurrency"],
-        duration_s=kw["duration"],
-        num_queries=kw["num_queries"],
         workload=WorkloadSpec(
+            **_same_named(kw, "num_samples", "input_len_std", "output_len_std", "prefix_words"),
             kind=workload,
-            num_samples=kw["num_samples"],
             input_len_mean=kw["input_len"],
-            input_len_std=kw["input_len_std"],
             output_len_mean=kw["output_len"],
-            output_len_std=kw["output_len_std"],
-            prefix_words=kw["prefix_words"],
             path=kw["dataset_path"],
         ),
         slo=Slo(p99_ms=kw["slo_p99_ms"], e2e_ms=kw["slo_e2e_ms"], ttft_ms=kw["slo_ttft_ms"], tpot_ms=kw["slo_tpot_ms"]),
-        seed=kw["seed"],
-        metrics_url=kw["metrics_url"],
-        scrape_interval_s=kw["scrape_interval_s"],
+        **_same_named(kw, "scenario", "num_queries", "seed", "metrics_url", "scrape_interval_s", "confidence",
+                      "late_threshold_ms", "label"),
+        closed_concurrency=kw["concurrency"],
+        duration_s=kw["duration"],
         warmup_queries=kw["warmup"],
-        confidence=kw["confidence"],
-        late_threshold_ms=kw["late_threshold_ms"],
-        label=kw["label"],
         command_line=" ".join(shlex.quote(a) for a in sys.argv),
     )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,48 +104,60 @@ def _merge(index: int, start_s: float, intended_s: float, replies: Sequence[Clie
     )
 
 
-async def _send_query(client: ProtocolClient, samples: Sequence[Sample]) -> list[ClientReply]:
-    if len(samples) == 1:
-        return [await client.send(samples[0])]
-    return list(await asyncio.gather(*(client.send(s) for s in samples)))
+def _rebase(record: RequestRecord, t0_s: float) -> RequestRecord:
+    """Express a record's clock times as offsets from the run's start."""
+    return dataclasses.replace(
+        record, intended_s=record.intended_s - t0_s, sent_s=record.sent_s - t0_s, end_s=record.end_s - t0_s
+    )
 
 
-def _samples_for(samples: Sequence[Sample], query_index: int, per_query: int) -> list[Sample]:
-    base = query_index * per_query
-    return [samples[(base + j) % len(samples)] for j in range(per_query)]
+@dataclass(frozen=True, slots=True)
+class DispatchTarget:
+    """What a run sends (its samples, cycled), through which client, on which clock, and where records go."""
+
+    samples: Sequence[Sample]
+    client: ProtocolClient
+    clock: Clock
+    sink: RecordSink
+
+    def __post_init__(self) -> None:
+        if not self.samples:
+            raise ValueError("the workload is empty")
+
+    async def send(self, index: int, per_query: int) -> list[ClientReply]:
+        """Send query `index`: the next `per_query` samples, together."""
+        base = index * per_query
+        query = [self.samples[(base + j) % len(self.samples)] for j in range(per_query)]
+        if len(query) == 1:
+            return [await self.client.send(query[0])]
+        return list(await asyncio.gather(*(self.client.send(s) for s in query)))
+
+    def record(self, index: int, start_s: float, replies: Sequence[ClientReply], t0_s: float) -> None:
+        """Hand query `index`'s record (latency from `start_s`) to the sink, its times relative to `t0_s`."""
+        self.sink(_rebase(_merge(index, start_s, start_s, replies), t0_s))
 
 
 async def run_open_loop(
-    schedule_s: npt.NDArray[np.float64],
-    samples: Sequence[Sample],
-    client: ProtocolClient,
-    clock: Clock,
-    sink: RecordSink,
-    config: DispatchConfig,
+    schedule_s: npt.NDArray[np.float64], target: DispatchTarget, config: DispatchConfig
 ) -> DispatchStats:
     """Send query k at `t0 + schedule_s[k]`; latency counts from that intended time."""
-    if not samples:
-        raise ValueError("the workload is empty")
-    gate = asyncio.Semaphore(config.max_in_flight) if config.max_in_flight > 0 else None
+    clock = target.clock
+    gate: AbstractAsyncContextManager[object] = (
+        asyncio.Semaphore(config.max_in_flight) if config.max_in_flight > 0 else nullcontext()
+    )
     t0_s = clock.now_s()
     lags_ms: list[float] = []
     late = 0
 
     async def one(index: int, intended_abs_s: float) -> None:
         nonlocal late
-        query = _samples_for(samples, index, config.samples_per_query)
-        if gate is not None:
-            async with gate:
-                lag_ms = (clock.now_s() - intended_abs_s) * 1000.0
-                replies = await _send_query(client, query)
-        else:
+        async with gate:  # waiting for a free slot counts as send lag
             lag_ms = (clock.now_s() - intended_abs_s) * 1000.0
-            replies = await _send_query(client, query)
+            replies = await target.send(index, config.samples_per_query)
         lags_ms.append(max(lag_ms, 0.0))
         if lag_ms > config.late_threshold_ms:
             late += 1
-        record = _merge(index, intended_abs_s, intended_abs_s, replies)
-        sink(_rebase(record, t0_s))
+        target.record(index, intended_abs_s, replies, t0_s)
 
     async with asyncio.TaskGroup() as group:
         for index, offset_s in enumerate(schedule_s):
@@ -166,23 +179,9 @@ async def run_open_loop(
     )
 
 
-def _rebase(record: RequestRecord, t0_s: float) -> RequestRecord:
-    """Express a record's clock times as offsets from the run's start."""
-    return dataclasses.replace(
-        record, intended_s=record.intended_s - t0_s, sent_s=record.sent_s - t0_s, end_s=record.end_s - t0_s
-    )
-
-
-async def run_closed_loop(
-    samples: Sequence[Sample],
-    client: ProtocolClient,
-    clock: Clock,
-    sink: RecordSink,
-    config: DispatchConfig,
-) -> DispatchStats:
+async def run_closed_loop(target: DispatchTarget, config: DispatchConfig) -> DispatchStats:
     """`concurrency` workers send back to back until `duration_s` or `max_queries`; latency from the send."""
-    if not samples:
-        raise ValueError("the workload is empty")
+    clock = target.clock
     t0_s = clock.now_s()
     deadline_s = t0_s + config.duration_s
     next_index = 0
@@ -195,8 +194,7 @@ async def run_closed_loop(
             next_index += 1
             start_s = clock.now_s()
             last_send_s = max(last_send_s, start_s)
-            replies = await _send_query(client, _samples_for(samples, index, config.samples_per_query))
-            sink(_rebase(_merge(index, start_s, start_s, replies), t0_s))
+            target.record(index, start_s, await target.send(index, config.samples_per_query), t0_s)
 
     async with asyncio.TaskGroup() as group:
         for _ in range(config.concurrency):

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from headroom.core.parsed_file import parse_file
 from headroom.loadgen.runner import RESULT_SCHEMA
 
 # (label, path into the result, higher is better)
@@ -28,12 +29,13 @@ COMPARE_METRICS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
 def load_result(path: str | Path) -> dict[str, Any]:
     """Read a result JSON written by `headroom bench --json`, with an error that says what is wrong."""
     file = Path(path)
-    try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{file}: no such file (write one with `headroom bench URL ... --json {file}`)") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{file}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    data = parse_file(
+        file,
+        json.loads,
+        json.JSONDecodeError,
+        f"{file}: no such file (write one with `headroom bench URL ... --json {file}`)",
+        lambda exc: f"{file}: not JSON ({exc.msg} at line {exc.lineno})",
+    )
     if not isinstance(data, dict) or data.get("schema") != RESULT_SCHEMA:
         raise ValueError(f"{file}: not a headroom bench result (expected schema {RESULT_SCHEMA!r})")
     return data

@@ -24,7 +24,13 @@ from headroom.core.clock import Clock, MonotonicClock
 from headroom.loadgen.arrivals import ArrivalSpec, make_schedule, mean_rate_per_s
 from headroom.loadgen.clients import ClientConfig, ProtocolClient, make_client
 from headroom.loadgen.collector import Collector, LiveSnapshot
-from headroom.loadgen.dispatcher import DispatchConfig, DispatchStats, run_closed_loop, run_open_loop
+from headroom.loadgen.dispatcher import (
+    DispatchConfig,
+    DispatchStats,
+    DispatchTarget,
+    run_closed_loop,
+    run_open_loop,
+)
 from headroom.loadgen.records import Slo
 from headroom.loadgen.scenarios import CONFIDENCE, ScenarioPlan, judge_offline, judge_tail, plan_scenario
 from headroom.loadgen.scrape import MetricsScraper, ScrapeLog
@@ -169,10 +175,11 @@ async def run_bench(
             progress_task = asyncio.get_running_loop().create_task(
                 _report_progress(collector, clock, t0_s, on_progress, progress_interval_s), name="bench-progress"
             )
+        target = DispatchTarget(samples, client, clock, collector.add)
         if closed:
-            stats = await run_closed_loop(samples, client, clock, collector.add, dispatch)
+            stats = await run_closed_loop(target, dispatch)
         else:
-            stats = await run_open_loop(schedule, samples, client, clock, collector.add, dispatch)
+            stats = await run_open_loop(schedule, target, dispatch)
     finally:
         if progress_task is not None:
             progress_task.cancel()

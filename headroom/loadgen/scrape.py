@@ -8,7 +8,6 @@ their `_sum` and `_count` are kept so a mean (e.g. batch size) can be derived be
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from headroom.core.clock import Clock
+from headroom.core.tasks import cancel_and_wait
 
 DEFAULT_PATTERNS: tuple[str, ...] = ("queue", "batch", "kv", "cache", "running", "waiting", "in_flight", "inflight")
 
@@ -132,9 +132,7 @@ class MetricsScraper:
         the end of the run (however few of the periodic scrapes a busy server answered)."""
         if self._task is None:
             return
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
         self._task = None
         async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as http:
             await self.scrape_once(http)

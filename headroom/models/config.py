@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from headroom.core.parsed_file import parse_file
 from headroom.core.types import V2_TO_NUMPY
 from headroom.models.runtime import RuntimeConfig, parse_runtime
 
@@ -252,10 +253,11 @@ def parse_model_config(raw: Mapping[str, Any], name: str, where: str = "config.y
 def load_model_config(model_dir: Path) -> ModelConfig:
     """Read and validate `<model_dir>/config.yaml`."""
     path = model_dir / "config.yaml"
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{path}: missing; every model directory needs a config.yaml") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    raw = parse_file(
+        path,
+        yaml.safe_load,
+        yaml.YAMLError,
+        f"{path}: missing; every model directory needs a config.yaml",
+        lambda exc: f"{path}: not valid YAML: {exc}",
+    )
     return parse_model_config(raw, model_dir.name, str(path))

@@ -23,7 +23,8 @@ bidirectional streaming, through its own input-stream protocol to the replica; n
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import message_factory
@@ -53,6 +54,7 @@ _parse_infer = lenient_parser(pb.ModelInferRequest)
 _parse_model_ready = lenient_parser(pb.ModelReadyRequest)
 _parse_metadata = lenient_parser(pb.ModelMetadataRequest)
 _parse_config = lenient_parser(pb.ModelConfigRequest)
+_Response = TypeVar("_Response")
 
 
 async def _never(request: Any, context: Any) -> Any:  # Serve replaces every behaviour with its proxy's
@@ -152,30 +154,35 @@ class GrpcIngress:
             return pb.ServerMetadataResponse()
         return pb.ServerMetadataResponse(name="headroom", version="ray-serve", extensions=[])
 
-    def _parsed(self, rpc: str, raw: bytes, parse: Any, message_type: Any, grpc_context: Any) -> Any:
-        """The caller checked (`IngressAuth.grpc`), then the request parsed as `message_type` (400 otherwise)."""
-        self.auth.grpc(rpc, grpc_context.invocation_metadata())
-        request = parse(raw)
-        if not isinstance(request, message_type):
-            raise InvalidRequest(f"not a {message_type.__name__}")
-        return request
+    def _model_rpc(self, rpc: str, raw: bytes, parse: Any, message_type: Any, grpc_context: Any,
+                   respond: Callable[[Any], _Response], empty: Callable[[], _Response]) -> _Response:
+        """`respond` to the request once the caller is checked (`IngressAuth.grpc`) and the request parsed as
+        `message_type` (400 otherwise); a headroom error becomes the call's status, with `empty()` returned."""
+        try:
+            self.auth.grpc(rpc, grpc_context.invocation_metadata())
+            request = parse(raw)
+            if not isinstance(request, message_type):
+                raise InvalidRequest(f"not a {message_type.__name__}")
+            return respond(request)
+        except HeadroomError as exc:
+            _fail(grpc_context, exc)
+            return empty()
 
     async def ModelMetadata(self, raw: bytes, grpc_context: Any) -> pb.ModelMetadataResponse:
         """From the repository, as `headroom serve` answers it (`headroom.ray_serve.model_info`)."""
-        try:
-            request = self._parsed("ModelMetadata", raw, _parse_metadata, pb.ModelMetadataRequest, grpc_context)
-            meta = self.served.metadata(request.name, request.version)
-        except HeadroomError as exc:
-            _fail(grpc_context, exc)
-            return pb.ModelMetadataResponse()
-        return encode_model_metadata(meta)
+
+        def respond(request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+            return encode_model_metadata(self.served.metadata(request.name, request.version))
+
+        return self._model_rpc("ModelMetadata", raw, _parse_metadata, pb.ModelMetadataRequest, grpc_context,
+                               respond, pb.ModelMetadataResponse)
 
     async def ModelConfig(self, raw: bytes, grpc_context: Any) -> pb.ModelConfigResponse:
         """Triton's model configuration, from the repository's config.yaml."""
-        try:
-            request = self._parsed("ModelConfig", raw, _parse_config, pb.ModelConfigRequest, grpc_context)
-            config = self.served.config(request.name, request.version)
-        except HeadroomError as exc:
-            _fail(grpc_context, exc)
-            return pb.ModelConfigResponse()
-        return pb.ModelConfigResponse(config=triton_model_config_proto(config))
+
+        def respond(request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+            return pb.ModelConfigResponse(config=triton_model_config_proto(self.served.config(request.name,
+                                                                                              request.version)))
+
+        return self._model_rpc("ModelConfig", raw, _parse_config, pb.ModelConfigRequest, grpc_context, respond,
+                               pb.ModelConfigResponse)

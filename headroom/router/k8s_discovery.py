@@ -15,7 +15,6 @@ use a fake API server on 127.0.0.1).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +26,7 @@ from urllib.parse import quote
 import httpx
 
 from headroom.autoscaler.actuator import ColdStartTiming
+from headroom.core.tasks import cancel_and_wait
 from headroom.router.upstream import Upstream
 
 log = logging.getLogger("headroom.router.k8s")
@@ -158,8 +158,5 @@ class K8sEndpointsFleet:
 
     async def close(self) -> None:
         """Stop discovering. The pods are Kubernetes' to drain (preStop + SIGTERM), not the router's."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None

@@ -35,6 +35,7 @@ from starlette.routing import Route
 
 from headroom.core.clock import Clock, MonotonicClock
 from headroom.core.errors import Cancelled, DeadlineExceeded, HeadroomError, Overloaded
+from headroom.core.tasks import cancel_and_wait
 from headroom.core.tied_wire import CALLBACK_PREFIX
 from headroom.gateway.forwarded_tenant import forwarded_headers
 from headroom.gateway.limits import read_body
@@ -100,11 +101,8 @@ class Router:
         self._checker = asyncio.create_task(self._check_loop(), name="router-health-checks")
 
     async def close(self) -> None:
-        if self._checker is not None:
-            self._checker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._checker
-            self._checker = None
+        await cancel_and_wait(self._checker)
+        self._checker = None
         if self._client is not None:
             await self._client.aclose()
             self._client = None

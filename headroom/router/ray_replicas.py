@@ -257,11 +257,7 @@ class RayReplicaManager(ScalingFleet[_RayReplica]):
                 continue
             if r.role == "draining" or self._closing or r.replica_id not in self._replicas:
                 return
-            role = r.role
-            self._replicas.pop(r.replica_id, None)
-            self._event(f"{r.replica_id} {why} while {role}")
-            if role == "serving":
-                self._changed()
+            role = self._forget_exited(r, why)
             await self._kill(r)
             if self.config.restart_on_exit:
                 try:

@@ -198,6 +198,15 @@ class ScalingFleet(Generic[R]):
             self._changed()
         return r
 
+    def _forget_exited(self, r: R, why: str) -> str:
+        """Drop replica `r`, which ended by itself (`why`), and stop routing to it; returns the role it had."""
+        role = r.role
+        self._replicas.pop(r.replica_id, None)
+        self._event(f"{r.replica_id} {why} while {role}")
+        if role == "serving":
+            self._changed()
+        return role
+
     def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
@@ -341,11 +350,7 @@ class LocalReplicaManager(ScalingFleet[_Replica]):
         code = await r.proc.wait()
         if r.role in ("draining", "starting") or self._closing or r.replica_id not in self._replicas:
             return
-        role = r.role
-        self._replicas.pop(r.replica_id, None)
-        self._event(f"{r.replica_id} exited unexpectedly (code {code}) while {role}")
-        if role == "serving":
-            self._changed()
+        role = self._forget_exited(r, f"exited unexpectedly (code {code})")
         if self.config.restart_on_exit:
             with contextlib.suppress(ReplicaStartError):
                 await self.start_replica(role)

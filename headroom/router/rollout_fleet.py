@@ -17,7 +17,6 @@ Every step, promotion and rollback is one `key=value` log line (`event=rollout_.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
@@ -28,6 +27,7 @@ from typing import Any
 import yaml
 
 from headroom.autoscaler.actuator import ColdStartTiming
+from headroom.core.tasks import cancel_and_wait
 from headroom.router.canary import CanaryTracker
 from headroom.router.proxy import Router
 from headroom.router.replicas import ReplicaFleet
@@ -122,10 +122,7 @@ class RolloutFleet:
         return [*self._events, *self._stable.events, *(self._canary.events if self._canary else [])]
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         if self._canary is not None:
             await self._canary.close()
         await self._stable.close()

@@ -27,6 +27,7 @@ _INFER_REQUEST = {"type": "object", "required": ["inputs"], "properties": {
     "inputs": {"type": "array", "items": _TENSOR},
     "outputs": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
         "name": {"type": "string"}, "parameters": {"type": "object"}}}}}}
+_BINARY = {"type": "string", "format": "binary"}
 _INFER_RESPONSE = {"type": "object", "required": ["model_name", "outputs"], "properties": {
     "model_name": {"type": "string"}, "model_version": {"type": "string"}, "id": {"type": "string"},
     "parameters": {"type": "object"}, "outputs": {"type": "array", "items": _TENSOR}}}
@@ -42,11 +43,19 @@ def _ok(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     return {"200": {"description": description, "content": {"application/json": {"schema": schema}}}}
 
 
+def _param(name: str, where: str, schema: dict[str, Any], required: bool = False) -> dict[str, Any]:
+    """A parameter object: `where` is path, query or header."""
+    return {"name": name, "in": where, "required": required, "schema": schema}
+
+
+def _body(schemas: dict[str, dict[str, Any]], required: bool = True) -> dict[str, Any]:
+    """A requestBody object taking each media type in `schemas` with its schema."""
+    return {"required": required, "content": {media: {"schema": schema} for media, schema in schemas.items()}}
+
+
 def _model_params(with_version: bool) -> list[dict[str, Any]]:
-    params = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
-    if with_version:
-        params.append({"name": "version", "in": "path", "required": True, "schema": {"type": "string"}})
-    return params
+    names = ("model", "version") if with_version else ("model",)
+    return [_param(name, "path", {"type": "string"}, required=True) for name in names]
 
 
 def _model_paths(prefix: str, with_version: bool) -> dict[str, Any]:
@@ -65,14 +74,9 @@ def _model_paths(prefix: str, with_version: bool) -> dict[str, Any]:
                                     "responses": {**_ok({"type": "object"}), **_errors(400, 404)}}},
         f"{prefix}/classify": {"post": {
             "summary": "Raw PNG/JPEG image → top-k labelled predictions (image classifiers)",
-            "parameters": [*params,
-                           {"name": "top_k", "in": "query", "required": False,
-                            "schema": {"type": "integer", "minimum": 1}},
-                           {"name": "min_confidence", "in": "query", "required": False,
-                            "schema": {"type": "number", "minimum": 0, "maximum": 1}}],
-            "requestBody": {"required": True, "content": {
-                "image/png": {"schema": {"type": "string", "format": "binary"}},
-                "image/jpeg": {"schema": {"type": "string", "format": "binary"}}}},
+            "parameters": [*params, _param("top_k", "query", {"type": "integer", "minimum": 1}),
+                           _param("min_confidence", "query", {"type": "number", "minimum": 0, "maximum": 1})],
+            "requestBody": _body({"image/png": _BINARY, "image/jpeg": _BINARY}),
             "responses": {**_ok({"type": "object", "properties": {
                 "predictions": {"type": "array"}, "model_version": {"type": "string"},
                 "inference_time_ms": {"type": "number"}}}), **_errors(400, 404, 413, 503, 504)},
@@ -85,13 +89,9 @@ def _model_paths(prefix: str, with_version: bool) -> dict[str, Any]:
         f"{prefix}/infer": {"post": {
             "summary": "Inference (JSON tensors, or the binary tensor data extension)",
             "parameters": [*params,
-                           {"name": "Inference-Header-Content-Length", "in": "header", "required": False,
-                            "schema": {"type": "integer", "minimum": 0}},
-                           {"name": "X-Request-Timeout-Ms", "in": "header", "required": False,
-                            "schema": {"type": "number", "exclusiveMinimum": 0}}],
-            "requestBody": {"required": True, "content": {
-                "application/json": {"schema": _INFER_REQUEST},
-                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                           _param("Inference-Header-Content-Length", "header", {"type": "integer", "minimum": 0}),
+                           _param("X-Request-Timeout-Ms", "header", {"type": "number", "exclusiveMinimum": 0})],
+            "requestBody": _body({"application/json": _INFER_REQUEST, "application/octet-stream": _BINARY}),
             "responses": {**_ok(_INFER_RESPONSE), **_errors(400, 404, 413, 422, 429, 503, 504)},
         }},
     }
@@ -103,7 +103,7 @@ def _generate(summary: str, params: list[dict[str, Any]], media: str = "applicat
     ok = {"200": {"description": "OK", "content": {media: {"schema": {"type": "object"} if media.endswith("json")
                                                             else {"type": "string"}}}}}
     return {"summary": summary, "parameters": params,
-            "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+            "requestBody": _body({"application/json": body}),
             "responses": {**ok, **_errors(400, 404, 413, 429, 503, 504)}}
 
 
@@ -113,19 +113,19 @@ def _triton_paths() -> dict[str, Any]:
     load_body = {"type": "object", "properties": {"parameters": {"type": "object", "properties": {
         "config": {"type": "string", "description": "Triton model-config JSON, applied or refused"}}}}}
     admin = _errors(400, 401, 403, 404, 503)  # 503: --model-control-mode none|poll refuses (Triton's error)
-    region = [{"name": "kind", "in": "path", "required": True, "schema": {"enum": ["system", "cuda"]}},
-              {"name": "region", "in": "path", "required": True, "schema": {"type": "string"}}]
+    region = [_param("kind", "path", {"enum": ["system", "cuda"]}, required=True),
+              _param("region", "path", {"type": "string"}, required=True)]
     paths: dict[str, Any] = {
         "/v2/repository/index": {
             "post": {"summary": "Model repository index ({\"ready\": true} keeps READY models)",
-                     "requestBody": {"required": False, "content": {"application/json": {"schema": {
-                         "type": "object", "properties": {"ready": {"type": "boolean"}}}}}},
+                     "requestBody": _body({"application/json": {
+                         "type": "object", "properties": {"ready": {"type": "boolean"}}}}, required=False),
                      "responses": {**_ok({"type": "array"}), **_errors(400, 500)}},
             "get": {"summary": "Model repository index", "responses": {**_ok({"type": "array"}), **_errors(500)}}},
         "/v2/repository/models/{model}/load": {"post": {
             "summary": "Load or reload a model, optionally with a config override (explicit model control)",
             "parameters": _model_params(False),
-            "requestBody": {"required": False, "content": {"application/json": {"schema": load_body}}},
+            "requestBody": _body({"application/json": load_body}, required=False),
             "responses": {**_ok(obj), **admin}}},
         "/v2/repository/models/{model}/unload": {"post": {
             "summary": "Unload a model (explicit model control; admin when authentication is on)",
@@ -162,12 +162,12 @@ def openapi_document() -> dict[str, Any]:
         "/v1/models": {"get": {"summary": "OpenAI-compatible model list", "responses": _ok(flag)}},
         "/v1/embeddings": {"post": {
             "summary": "OpenAI-compatible embeddings",
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "requestBody": _body({"application/json": {
                 "type": "object", "required": ["input"], "properties": {
                     "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
                     "model": {"type": "string"}, "encoding_format": {"enum": ["float", "base64"]},
                     "dimensions": {"type": "integer", "minimum": 1}, "user": {"type": "string"}},
-                "additionalProperties": False}}}},
+                "additionalProperties": False}}),
             "responses": {**_ok(flag), **_errors(400, 404, 413, 503, 504, openai=True)}}},
         "/v2/models/stats": {"get": {"summary": "Statistics of every model",
                                      "responses": _ok({"type": "object"})}},

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,18 +83,19 @@ class RepositoryPoller:
     async def poll_once(self) -> PollPlan:
         current = await asyncio.to_thread(snapshot, self._root, self._names)
         plan = poll_plan(self._last, current)
-        for name in plan.load:
-            try:
-                await self._manager.reload(name)
-                log.info("poll: loaded %s", name)
-            except HeadroomError as exc:
-                log.error("poll: loading %s failed; the previous versions keep serving: %s", name, exc.message)
-        for name in plan.unload:
-            try:
-                await self._manager.remove(name)
-                log.info("poll: unloaded %s (its directory is gone)", name)
-            except HeadroomError as exc:
-                log.warning("poll: unloading %s: %s", name, exc.message)
+        steps: tuple[tuple[tuple[str, ...], Callable[[str], Awaitable[object]], str, int, str], ...] = (
+            (plan.load, self._manager.reload, "poll: loaded %s", logging.ERROR,
+             "poll: loading %s failed; the previous versions keep serving: %s"),
+            (plan.unload, self._manager.remove, "poll: unloaded %s (its directory is gone)", logging.WARNING,
+             "poll: unloading %s: %s"),
+        )
+        for names, apply, done, failure_level, failed in steps:
+            for name in names:
+                try:
+                    await apply(name)
+                    log.info(done, name)
+                except HeadroomError as exc:
+                    log.log(failure_level, failed, name, exc.message)
         self._last = current
         return plan
 

@@ -8,7 +8,7 @@ from headroom.core.clock import MonotonicClock
 from headroom.loadgen.arrivals import constant
 from headroom.loadgen.clients import ClientConfig, make_client
 from headroom.loadgen.collector import Collector
-from headroom.loadgen.dispatcher import DispatchConfig, run_closed_loop, run_open_loop
+from headroom.loadgen.dispatcher import DispatchConfig, DispatchTarget, run_closed_loop, run_open_loop
 from headroom.loadgen.records import Slo
 from headroom.loadgen.workloads import digits
 from tests.loadgen.fake_server import FakeServerConfig, running_server
@@ -24,7 +24,9 @@ async def test_a_one_second_stall_shows_up_as_p99_of_at_least_one_second() -> No
         open_loop = Collector(Slo())
         try:
             t0_s = clock.now_s()
-            await run_open_loop(constant(100.0, 3.0), samples, client, clock, open_loop.add, DispatchConfig())
+            await run_open_loop(
+                constant(100.0, 3.0), DispatchTarget(samples, client, clock, open_loop.add), DispatchConfig()
+            )
         finally:
             await client.aclose()
     assert open_loop.completed == 300 and open_loop.ok == 300
@@ -49,7 +51,8 @@ async def test_closed_loop_hides_the_same_stall_which_is_why_it_is_labelled() ->
         closed = Collector(Slo())
         try:
             stats = await run_closed_loop(
-                samples, client, clock, closed.add, DispatchConfig(mode="closed", concurrency=1, duration_s=2.5)
+                DispatchTarget(samples, client, clock, closed.add),
+                DispatchConfig(mode="closed", concurrency=1, duration_s=2.5),
             )
         finally:
             await client.aclose()
@@ -68,7 +71,7 @@ async def test_errors_are_counted_by_status_and_server_timing_is_parsed() -> Non
         client = make_client(ClientConfig(url=url, model="m"), clock)
         col = Collector(Slo(e2e_ms=10_000))
         try:
-            await run_open_loop(constant(200.0, 0.2), samples, client, clock, col.add, DispatchConfig())
+            await run_open_loop(constant(200.0, 0.2), DispatchTarget(samples, client, clock, col.add), DispatchConfig())
         finally:
             await client.aclose()
     assert col.by_status == {"200": 30, "503": 10}
@@ -86,10 +89,7 @@ async def test_multistream_query_waits_for_all_samples() -> None:
         col = Collector(Slo())
         try:
             stats = await run_closed_loop(
-                samples,
-                client,
-                clock,
-                col.add,
+                DispatchTarget(samples, client, clock, col.add),
                 DispatchConfig(mode="closed", max_queries=5, duration_s=30, samples_per_query=8),
             )
         finally:

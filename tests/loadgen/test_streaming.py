@@ -4,7 +4,7 @@ import pytest
 
 from headroom.core.clock import FakeClock
 from headroom.loadgen.collector import Collector
-from headroom.loadgen.dispatcher import DispatchConfig, run_closed_loop
+from headroom.loadgen.dispatcher import DispatchConfig, DispatchTarget, run_closed_loop
 from headroom.loadgen.records import ClientReply, Slo
 from headroom.loadgen.streaming import stream_latencies
 from headroom.loadgen.workloads import Sample
@@ -57,10 +57,7 @@ async def test_dispatcher_records_exact_stream_metrics_from_a_scripted_stream() 
     clock = FakeClock(start_s=100.0)
     col = Collector(Slo(ttft_ms=250.0, tpot_ms=60.0))
     stats = await run_closed_loop(
-        [Sample(text="q")],
-        _ScriptedStream(clock),
-        clock,
-        col.add,
+        DispatchTarget([Sample(text="q")], _ScriptedStream(clock), clock, col.add),
         DispatchConfig(mode="closed", max_queries=3, duration_s=60.0),
     )
     assert stats.queries_sent == 3 and col.completed == 3
