@@ -123,3 +123,4 @@ class Outcome:
     status: int  # HTTP status, 0 for a connection error
     error: str = ""  # the exception's type for a connection error, the body's start for another non-200
     lag_s: float = 0.0  # the client's own delay: when it wrote the request, minus the intended send time
+    server_timing: str = ""  # the answer's Server-Timing header, where the client kept it

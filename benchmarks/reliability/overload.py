@@ -13,8 +13,9 @@ from typing import Any
 
 import orjson
 
-from benchmarks.reliability.common import headroom, percentile_ms
+from benchmarks.reliability.common import Outcome, headroom, percentile_ms
 from benchmarks.reliability.lean_client import closed_loop, open_loop
+from headroom.core.server_timing import parse_server_timing
 
 BODY = orjson.dumps({"model": "minilm", "input": ["the quick brown fox jumps over the lazy dog"]})
 ROUTE = "/v1/embeddings"
@@ -40,4 +41,18 @@ def run(log_dir: Path, duration_s: float, capacity_s: float, slo_ms: float, fact
         "rejection_p99_ms": percentile_ms(rejected, 0.99), "slo_ms": slo_ms,
         "goodput_per_s": goodput, "goodput_vs_capacity": goodput / capacity if capacity else None,
         "run_wall_s": load.wall_s, "connections_opened": load.connections_opened, **load.lag_summary(),
+        "accepted_stages_ms": stage_percentiles([o for o in outcomes if o.status == 200]),
     }
+
+
+def stage_percentiles(answered: list[Outcome]) -> dict[str, dict[str, float | None]]:
+    """p50/p99 of each Server-Timing stage of the answers, and of the client's latency outside the server's
+    total (the HTTP hop, the event loops' lag on both sides): where an accepted request's time went."""
+    stages: dict[str, list[float]] = {}
+    for o in answered:
+        timing = parse_server_timing(o.server_timing)
+        for name, ms in timing.items():
+            stages.setdefault(name, []).append(ms / 1e3)
+        if "total" in timing:
+            stages.setdefault("outside_server", []).append(o.latency_s - timing["total"] / 1e3)
+    return {name: {"p50": percentile_ms(v, 0.5), "p99": percentile_ms(v, 0.99)} for name, v in stages.items()}

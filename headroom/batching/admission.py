@@ -12,9 +12,10 @@ the queue is served in batches of up to `max_batch_size`, `instances` at a time:
 
 The fit predicts the *mean* batch time. Admitting at the mean lets the queue fill until the typical request
 just meets the budget, so the slower half of them miss it. `tail_factor` (>= 1) turns the prediction into a
-high quantile: the estimator derives it from the measured dispersion of batch times around the fit
-(`ServiceTimeEstimator.tail_factor`: mean + z x standard deviation of measured / fitted), so a request is
-admitted only if its delay fits the budget at that quantile.
+high quantile, so a request is admitted only if its delay fits the budget at that quantile. It is the
+dispersion of batch times around the fit (`ServiceTimeEstimator.tail_factor`: mean + z x standard deviation
+of measured / fitted), corrected by a feedback loop on the admitted requests' own delays
+(`headroom.batching.calibration`: at most 1% of close calls may finish past their budget).
 
 A request with nothing ahead of it is always admitted: it is the fastest the model can serve, and its batch
 keeps the service-time estimate current. The budget is the smaller of the model's SLO (its default timeout
@@ -59,14 +60,16 @@ class AdmissionDecision:
 
     admitted: bool  # False: answer 503 with Retry-After
     predicted_s: float  # predicted time until the request's own batch finishes, at the tail quantile
+    expected_s: float  # the same at the fit's mean (what the delay calibration judges the factor by)
     retry_after_s: float  # predicted time for the backlog ahead to drain
 
 
 def admit(backlog: Backlog, budget_s: float) -> AdmissionDecision:
     """Admit unless the backlog ahead plus the request itself would overrun `budget_s`."""
-    predicted_s = backlog.tail_factor * backlog.drain_s(backlog.requests_ahead + 1)
+    expected_s = backlog.drain_s(backlog.requests_ahead + 1)
+    predicted_s = backlog.tail_factor * expected_s
     admitted = backlog.requests_ahead == 0 or predicted_s <= budget_s
-    return AdmissionDecision(admitted=admitted, predicted_s=predicted_s,
+    return AdmissionDecision(admitted=admitted, predicted_s=predicted_s, expected_s=expected_s,
                              retry_after_s=backlog.drain_s(backlog.requests_ahead))
 
 
@@ -75,7 +78,7 @@ def refusal_message(model: str, backlog: Backlog, decision: AdmissionDecision, b
     return (
         f"model '{model}' is overloaded: {backlog.requests_ahead} requests ahead (batches of up to "
         f"{backlog.max_batch_size} at {backlog.fixed_s * 1e3:.1f} ms + {backlog.per_item_s * 1e3:.2f} ms per "
-        f"item, x{backlog.tail_factor:.2f} for the tail of measured batch times) predict "
+        f"item, x{backlog.tail_factor:.2f} for the tail of measured delays) predict "
         f"{decision.predicted_s * 1e3:.0f} ms until this request is served, over its latency budget of "
         f"{budget_s * 1e3:.0f} ms (the model's SLO or the client's timeout, whichever is shorter); retry after "
         f"{decision.retry_after_s:.2f} s"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -160,22 +161,29 @@ class Batcher:
         """The current per-batch service-time estimate."""
         return self._load.service.mean_s
 
-    def check_admission(self, budget_s: float | None) -> None:
+    @property
+    def delay_factor(self) -> float:
+        """The delay calibration's correction of admission's predictions (`headroom.batching.calibration`)."""
+        return self._load.delays.factor
+
+    def check_admission(self, budget_s: float | None) -> float:
         """Raise Overloaded (503 + Retry-After) if the queue is full or, with a latency budget, if the
-        predicted delay (`headroom.batching.admission`) does not fit it. Cheap: callable before a body is read."""
+        predicted delay (`headroom.batching.admission`) does not fit it. Cheap: callable before a body is read.
+        Returns admission's mean prediction of the delay (0 without a budget): the delay calibration's input."""
         if self._admitted >= self._cfg.max_queue_size:
             raise Overloaded(
                 f"model '{self._name}' queue is full ({self._cfg.max_queue_size} requests); retry later",
                 retry_after_s=self._cfg.retry_after_s,
             )
         if budget_s is None:
-            return
+            return 0.0
         backlog = self._load.backlog(self._admitted, self._cfg.policy.max_batch_size if self._cfg.batching else 1,
                                      self._cfg.instances)
         decision = admit(backlog, budget_s)
         if not decision.admitted:
             raise Overloaded(refusal_message(self._name, backlog, decision, budget_s),
                              retry_after_s=decision.retry_after_s)
+        return decision.expected_s
 
     # -- request path ----------------------------------------------------------------------------------
     async def submit(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object], *,
@@ -184,18 +192,19 @@ class Batcher:
         """Admit (`check_admission` with the request's remaining latency budget), preprocess, queue and
         await one request; `on_start` is called once when its batch starts executing (never for a request
         that leaves the queue without running). Raises HeadroomError subclasses."""
-        self.check_admission(budget_s)
+        expected_s = self.check_admission(budget_s)
         self._admitted += 1
         self._obs.on_queue_depth(self._admitted)
         try:
-            return await self._admit(inputs, parameters, deadline_s, priority, group, stream, on_start)
+            return await self._admit(inputs, parameters, deadline_s, priority, group, stream, on_start,
+                                     math.inf if budget_s is None else budget_s, expected_s)
         finally:
             self._admitted -= 1
             self._obs.on_queue_depth(self._admitted)
 
     async def _admit(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object],
                      deadline_s: float, priority: int, group: str, stream: str,
-                     on_start: Callable[[], None] | None) -> BatchResult:
+                     on_start: Callable[[], None] | None, budget_s: float, expected_s: float) -> BatchResult:
         admitted_s = self._clock.now_s()
         self._load.arrivals.observe(admitted_s)
         if self._inline_preprocess:  # cheaper than the thread hop it would otherwise take
@@ -212,7 +221,8 @@ class Batcher:
             raise InvalidRequest(f"request batch size {size} exceeds the model's max_batch_size {cap}")
         key = self._model.batch_key(model_inputs) if self._cfg.batching else ()
         item = QueuedItem(enqueued_s=now_s, deadline_s=deadline_s, size=size, priority=priority,
-                          group=group, stream=stream, batch_key=key)
+                          group=group, stream=stream, batch_key=key, budget_s=budget_s,
+                          expected_s=expected_s)
         entry = Entry(item=item, inputs=model_inputs, parameters=parameters,
                       future=asyncio.get_running_loop().create_future(),
                       admitted_s=admitted_s, preprocess_s=preprocess_s, on_start=on_start)
@@ -301,7 +311,10 @@ class Batcher:
             if live:
                 results = await self._executor.run(self._run_batch, live, start_s, missing)
                 # collate + predict + split + postprocess, for the batch's items
-                self._load.service.observe(self._clock.now_s() - start_s, sum(e.item.size for e in live))
+                done_s = self._clock.now_s()
+                self._load.service.observe(done_s - start_s, sum(e.item.size for e in live))
+                for entry in live:  # admission's feedback: did each request make its budget?
+                    self._load.delays.observe(done_s - entry.admitted_s, entry.item.budget_s, entry.item.expected_s)
                 compute_s = results[0].compute_s
                 for entry, result in zip(live, results, strict=True):
                     if not entry.future.done():

@@ -42,6 +42,8 @@ class QueuedItem:
     group: str = ""  # multistream: frame id shared by the requests to batch together
     stream: str = ""  # multistream: which stream (camera) this request comes from
     batch_key: tuple[object, ...] = ()  # only requests with equal keys share a batch (non-batch dims)
+    budget_s: float = math.inf  # its latency budget when admitted (inf: none), for the delay calibration
+    expected_s: float = 0.0  # admission's mean prediction of its delay (0: none), for the delay calibration
 
 
 @dataclass(frozen=True, slots=True)

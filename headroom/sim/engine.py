@@ -174,18 +174,17 @@ class Simulator:
             self._batches += 1
             self._batch_items += k
             cut = self._cut_s
-            for e in batch:
-                if e >= cut:
-                    self._wait_sum += now - e
+            for it in batch:
+                if it.enqueued_s >= cut:
+                    self._wait_sum += now - it.enqueued_s
             self._seq += 1
             heapq.heappush(self._heap, (now + svc, self._seq, _DONE, r))
 
-    def _admitted(self, q: _Queue, budget_s: float) -> bool:
-        """The server batcher's admission by predicted delay, on this queue's estimates."""
-        ahead = len(q.items) + q.running
-        if ahead == 0:
-            return True
-        return admit(q.load.backlog(ahead, self.policy.max_batch_size, q.instances()), budget_s).admitted
+    def _admitted(self, q: _Queue, budget_s: float) -> float | None:
+        """The server batcher's admission by predicted delay, on this queue's estimates: None when refused,
+        else the mean prediction the delay calibration judges it by (as the batcher's `check_admission`)."""
+        d = admit(q.load.backlog(len(q.items) + q.running, self.policy.max_batch_size, q.instances()), budget_s)
+        return d.expected_s if d.admitted else None
 
     def _stretched(self, now: float, svc: float) -> float:
         """The batch's wall time when the arrivals' host work shares its core (headroom.sim.cpu_share)."""
@@ -200,15 +199,17 @@ class Simulator:
     def _on_done(self, r: _Replica, now: float) -> None:
         cut = self._cut_s
         lat = self._lat
-        for e in r.batch:
-            if e >= cut:
-                lat.append(now - e)
+        load = r.queue.load
+        for it in r.batch:
+            if it.enqueued_s >= cut:
+                lat.append(now - it.enqueued_s)
+            load.delays.observe(now - it.enqueued_s, it.budget_s, it.expected_s)  # as the batcher feeds it
         if self._track_ewma:
-            for e in r.batch:
-                r.ewma_s = peak_ewma_update(r.ewma_s, now - e, now - r.ewma_t)
+            for it in r.batch:
+                r.ewma_s = peak_ewma_update(r.ewma_s, now - it.enqueued_s, now - r.ewma_t)
                 r.ewma_t = now
         # the batch's service time, measured as the server's batcher measures it, into the same estimator
-        r.queue.load.service.observe(now - r.busy_since_s, len(r.batch))
+        load.service.observe(now - r.busy_since_s, len(r.batch))
         r.queue.running -= len(r.batch)
         self._busy_done_s += now - r.busy_since_s
         self._last_done_s = now
@@ -352,14 +353,15 @@ class Simulator:
                 if i == n:
                     queue_at_end = self._depth
                 continue
-            if budget_s < inf and not self._admitted(q, budget_s):
+            expected_s = self._admitted(q, budget_s) if budget_s < inf else 0.0
+            if expected_s is None:
                 if now >= cut:
                     self._rejected += 1
                 if i == n:
                     queue_at_end = self._depth
                 continue
             q.load.arrivals.observe(now)
-            q.items.append(QueuedItem(now, now + timeout))
+            q.items.append(QueuedItem(now, now + timeout, budget_s=budget_s, expected_s=expected_s))
             self._depth += 1
             if self._depth > self._max_depth:
                 self._max_depth = self._depth

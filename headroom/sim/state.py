@@ -28,18 +28,18 @@ class SimQueue:
         """The policy's view of the queue's head (at most `cap` items: the policy never looks past a batch)."""
         return self.load.snapshot(tuple(islice(self.items, 0, cap)), now_s)
 
-    def take(self, take: tuple[int, ...], visible: int) -> list[float]:
-        """Remove the items a decision took (indices into the first `visible`); their enqueue times."""
+    def take(self, take: tuple[int, ...], visible: int) -> list[QueuedItem]:
+        """Remove the items a decision took (indices into the first `visible`) and return them."""
         items = self.items
         k = len(take)
         if k == 1 and take[0] == 0:
-            return [items.popleft().enqueued_s]
+            return [items.popleft()]
         if max(take) == k - 1:  # distinct indices below k: the head of the queue
-            return [items.popleft().enqueued_s for _ in take]
+            return [items.popleft() for _ in take]
         chosen = set(take)  # priorities reordered the head: remove the chosen indices
         head = [items.popleft() for _ in range(visible)]
         items.extendleft(reversed([it for i, it in enumerate(head) if i not in chosen]))
-        return [head[i].enqueued_s for i in take]
+        return [head[i] for i in take]
 
     def drop(self, expire: tuple[int, ...]) -> list[QueuedItem]:
         """Remove the items a decision expired; return them."""
@@ -77,7 +77,7 @@ class ReplicaState:
         self.rid = rid  # replica id for the router (zero-padded: sorts in creation order)
         self.ewma_s = 0.0  # peak-EWMA latency of its completions (peak_ewma routing)
         self.ewma_t = 0.0  # when ewma_s was last updated
-        self.batch: list[float] = []  # enqueue times of the running batch
+        self.batch: list[QueuedItem] = []  # the running batch
         self.busy_since_s = -1.0  # start of the running batch, -1 when idle
         self.ready = False  # serving (cold start over)
         self.draining = False  # scale-down chose it: no new traffic, finishes its queue, then retires

@@ -77,5 +77,5 @@ def test_refusal_message_says_why_with_the_numbers() -> None:
     backlog = Backlog(40, 0.01, 0.00125, 8, tail_factor=1.25)
     text = refusal_message("minilm", backlog, admit(backlog, 0.1), 0.1)
     assert ("model 'minilm' is overloaded: 40 requests ahead (batches of up to 8 at 10.0 ms + 1.25 ms per item, "
-            "x1.25 for the tail of measured batch times)") in text
+            "x1.25 for the tail of measured delays)") in text
     assert "predict 139 ms" in text and "latency budget of 100 ms" in text and "retry after 0.10 s" in text

@@ -218,8 +218,9 @@ async def test_cheap_preprocess_runs_on_the_event_loop_other_preprocess_in_a_wor
 
 async def test_admission_by_predicted_delay_starts_from_the_warm_estimate() -> None:
     """On a fake clock: warmup's batches (1 item: 15 ms, 8 items: 50 ms) give 10 ms + 5 ms per item; 9
-    requests held (a batch of 8 running, 1 queued) predict 2 x 10 + 10 x 5 = 70 ms for a tenth; a budget
-    under that is refused with the backlog's drain time, 65 ms."""
+    requests held (a batch of 8 running, 1 queued) predict 2 x 10 + 10 x 5 = 70 ms for a tenth at the mean,
+    105 ms at the delay calibration's starting factor (1.5); a budget under that is refused with the backlog's
+    drain time, 65 ms."""
     model = Doubler()
     model.gate.clear()
     clock = FakeClock(100.0)
@@ -241,9 +242,10 @@ async def test_admission_by_predicted_delay_starts_from_the_warm_estimate() -> N
                 break
             await asyncio.sleep(0)
         assert b.admitted == 9
-        b.check_admission(0.071)
-        with pytest.raises(Overloaded, match=r"9 requests ahead \(batches of up to 8 at 10\.0 ms \+ 5\.00 ms") as info:
-            b.check_admission(0.069)
+        b.check_admission(0.106)
+        with pytest.raises(Overloaded, match=r"9 requests ahead \(batches of up to 8 at 10\.0 ms \+ 5\.00 ms per item, "
+                                             r"x1\.50 for the tail of measured delays\) predict 105 ms") as info:
+            b.check_admission(0.104)
         assert info.value.http_status == 503 and info.value.retry_after_s == pytest.approx(0.065)
         with pytest.raises(Overloaded, match="latency budget of 50 ms"):
             await request(99.0, 0.05)
@@ -277,4 +279,53 @@ async def test_a_loop_that_dies_fails_its_queue_refuses_new_work_and_reports_onc
             await asyncio.wait_for(submit(b, 2.0), 5)  # nothing would take it from the queue: refused
         assert len(died) == 1
     finally:
+        await b.stop()
+
+
+class SlowOnFakeClock(Doubler):
+    """Each batch takes `batch_s` of the fake clock."""
+
+    def __init__(self, clock: FakeClock, batch_s: float) -> None:
+        super().__init__()
+        self.clock, self.batch_s = clock, batch_s
+
+    def predict(self, batch: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        self.clock.advance(self.batch_s)
+        return super().predict(batch)
+
+
+async def test_requests_that_miss_their_budget_make_admission_more_cautious() -> None:
+    """Warmup says 10 ms + 5 ms per item, but every batch takes 80 ms of the fake clock. Requests with a 50 ms
+    budget finish past it, and each miss raises the delay calibration 5%, until the service-time fit has learnt
+    the 80 ms batches: from then on the fit alone predicts past 50 ms, so their misses say nothing about the
+    factor. Requests without a budget, or with budget to spare, move nothing. Refusals predict at the factor."""
+    clock = FakeClock(100.0)
+    model = SlowOnFakeClock(clock, 0.08)
+    cfg = BatchPolicyConfig(max_batch_size=8, max_queue_delay_s=0.0)
+    b = Batcher(model, BatcherConfig(policy=cfg, max_queue_size=64, warmup_batches=((1, 0.015), (8, 0.05))),
+                clock, name="doubler")
+    b.start()
+
+    def request(value: float, budget_s: float | None) -> Coroutine[Any, Any, BatchResult]:
+        return b.submit({"x": np.array([[value]], dtype=np.float32)}, {}, deadline_s=clock.now_s() + 60,
+                        budget_s=budget_s)
+
+    try:
+        for i in range(10):
+            await request(float(i), 0.05)
+        raised = b.delay_factor
+        assert any(raised == pytest.approx(1.5 * 1.05 ** k) for k in range(2, 10)), raised
+        await request(10.0, None)
+        await request(11.0, 1.0)
+        assert b.delay_factor == raised
+        model.gate.clear()
+        held = [asyncio.create_task(request(float(i), None)) for i in range(9)]
+        await until(lambda: b.admitted == 9, "9 requests admitted")
+        with pytest.raises(Overloaded, match=r"for the tail of measured delays") as info:
+            b.check_admission(0.5)
+        assert f"x{raised:.2f} for the tail" in str(info.value)
+        model.gate.set()
+        await asyncio.gather(*held)
+    finally:
+        model.gate.set()
         await b.stop()

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import random
-
 import numpy as np
 import pytest
 
@@ -71,65 +68,3 @@ def test_alpha_is_validated(alpha: float) -> None:
         ArrivalRateEstimator(alpha=alpha)
     with pytest.raises(ValueError):
         ServiceTimeEstimator(alpha=alpha)
-    with pytest.raises(ValueError):
-        ServiceTimeEstimator(dispersion_alpha=alpha)
-
-
-@pytest.mark.parametrize("tail_z", [-1.0, math.inf, math.nan])
-def test_tail_z_is_validated(tail_z: float) -> None:
-    with pytest.raises(ValueError):
-        ServiceTimeEstimator(tail_z=tail_z)
-
-
-def test_tail_factor_from_the_ratio_of_measured_to_fitted_time() -> None:
-    """A batch twice as slow as the fit predicted: the ratio's mean moves 5% of the way (1.05), its mean absolute
-    deviation to 0.05, so the p99 factor is 1.05 + 2.326 x sqrt(pi/2) x 0.05 = 1.1958."""
-    est = ServiceTimeEstimator()
-    est.observe(0.1, 1)
-    assert est.tail_factor() == 1.0  # nothing to compare the first batch with
-    est.observe(0.2, 1)
-    assert est.ratio_mean == pytest.approx(1.05) and est.ratio_deviation == pytest.approx(0.05)
-    assert est.tail_factor() == pytest.approx(1.05 + 2.326 * math.sqrt(math.pi / 2) * 0.05)
-    assert ServiceTimeEstimator(tail_z=0.0, ratio_mean=1.05, ratio_deviation=0.05).tail_factor() == pytest.approx(1.05)
-
-
-def test_one_stall_widens_the_tail_only_as_far_as_the_clip() -> None:
-    """A 1000x stall counts as 4x (RATIO_CLIP): mean 1.15, deviation 0.15, factor 1.587, not 100+."""
-    est = ServiceTimeEstimator()
-    est.observe(0.1, 1)
-    est.observe(100.0, 1)
-    assert est.ratio_mean == pytest.approx(1.15) and est.ratio_deviation == pytest.approx(0.15)
-    assert est.tail_factor() == pytest.approx(1.15 + 2.326 * math.sqrt(math.pi / 2) * 0.15)
-
-
-def test_warmup_sizes_and_an_exact_fit_leave_the_tail_at_the_mean() -> None:
-    """Warmup's batches (8 then 32 items) only guess from one size at the second: not counted. Batches exactly
-    on a line are predicted exactly: no spread, factor 1."""
-    est = ServiceTimeEstimator()
-    est.observe(0.02, 8)
-    est.observe(0.068, 32)
-    assert est.ratio_mean == 1.0 and est.ratio_deviation == 0.0 and est.tail_factor() == 1.0
-    for n in [1, 8, 32, 16] * 20:
-        est.observe(0.004 + 0.002 * n, n)
-    assert est.tail_factor() == pytest.approx(1.0, abs=1e-6)
-
-
-def test_tail_factor_predicts_near_the_99th_percentile_of_noisy_batches() -> None:
-    """Full batches whose time is the same mean times normal noise (10% sd): predicting fit x tail_factor, about
-    1% of batches take longer (at the mean, about half would), and the factor reads ~1 + 2.33 x 0.1."""
-    rng = random.Random(7)
-    est = ServiceTimeEstimator()
-    over_tail = over_mean = 0
-    batches = 4000
-    for i in range(batches):
-        fixed_s, per_item_s = est.fit()
-        fitted_s, tail = fixed_s + 32 * per_item_s, est.tail_factor()
-        took_s = 0.08 * max(0.1, rng.gauss(1.0, 0.1))
-        if i >= 200:  # once the estimates settled
-            over_tail += took_s > fitted_s * tail
-            over_mean += took_s > fitted_s
-        est.observe(took_s, 32)
-    settled = batches - 200
-    assert 0.002 <= over_tail / settled <= 0.03, over_tail
-    assert 0.4 <= over_mean / settled <= 0.6, over_mean
-    assert 1.15 <= est.tail_factor() <= 1.35
