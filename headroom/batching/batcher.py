@@ -164,7 +164,7 @@ class Batcher:
     @property
     def delay_factor(self) -> float:
         """The delay calibration's correction of admission's predictions (`headroom.batching.calibration`)."""
-        return self._load.delays.factor
+        return self._load.delays.factor_at(self._clock.now_s())
 
     def check_admission(self, budget_s: float | None) -> float:
         """Raise Overloaded (503 + Retry-After) if the queue is full or, with a latency budget, if the
@@ -178,7 +178,7 @@ class Batcher:
         if budget_s is None:
             return 0.0
         backlog = self._load.backlog(self._admitted, self._cfg.policy.max_batch_size if self._cfg.batching else 1,
-                                     self._cfg.instances)
+                                     self._cfg.instances, self._clock.now_s())
         decision = admit(backlog, budget_s)
         if not decision.admitted:
             raise Overloaded(refusal_message(self._name, backlog, decision, budget_s),
@@ -314,7 +314,8 @@ class Batcher:
                 done_s = self._clock.now_s()
                 self._load.service.observe(done_s - start_s, sum(e.item.size for e in live))
                 for entry in live:  # admission's feedback: did each request make its budget?
-                    self._load.delays.observe(done_s - entry.admitted_s, entry.item.budget_s, entry.item.expected_s)
+                    self._load.delays.observe(done_s - entry.admitted_s, entry.item.budget_s, entry.item.expected_s,
+                                              done_s)
                 compute_s = results[0].compute_s
                 for entry, result in zip(live, results, strict=True):
                     if not entry.future.done():

@@ -19,8 +19,10 @@ that admission cannot see (the HTTP parser, a client on the same cores) pushes s
 client measures it (minilm at 2x capacity, 3 runs each: 0.5% gave the client a p99 of 96.8-100.8 ms,
 0.25% 97.6-101.2 ms with steps of 5%; see BENCHMARKS.md). The steps are 5% up and 0.0125% down: after a
 burst of misses (a stalled host) the factor comes back down at ~3% a second at that load, not ~1%.
-Requests with budget to spare move nothing: an idle server does not talk itself into optimism, and the
-factor stays where the last overload left it. It starts cautious (`INITIAL_FACTOR`).
+Requests with budget to spare move nothing: an idle server does not talk itself into optimism. The factor
+starts cautious (`INITIAL_FACTOR`) and relaxes back there once a second has passed without a miss or a close
+call (`factor_at`, half-life 2 s): without that, the factor that a sweep's overloaded rates had raised
+stayed up at moderate load, where close calls are rare, and refused requests there long after.
 
 Every finished request is judged *as the current factor would have admitted it*: a request admitted under a
 smaller factor that the current one would refuse says nothing about the current factor, and is ignored.
@@ -48,6 +50,10 @@ FACTOR_RANGE = (1.0, 4.0)
 #: Where the factor starts: cautious (minilm's batch times on a 2-core host: p99 ~1.7x the median), so the
 #: first overload after start is not admitted at the mean; the loop lowers it as close calls make it.
 INITIAL_FACTOR = 1.5
+#: Seconds without a miss or a close call after which the factor relaxes back to `INITIAL_FACTOR` ...
+QUIET_S = 1.0
+#: ... halving its distance from it every this many seconds.
+HALF_LIFE_S = 2.0
 
 
 def is_close_call(predicted_s: float, budget_s: float) -> bool:
@@ -64,6 +70,7 @@ class DelayCalibration:
     up: float = UP  # relative step up on a miss
     misses: int = 0  # requests past their budget that raised the factor (lifetime)
     close_calls: int = 0  # close calls within their budget that lowered it (lifetime)
+    last_event_s: float = -math.inf  # when the last miss or close call moved the factor
 
     def __post_init__(self) -> None:
         if not 0.0 < self.miss_rate < 0.5:
@@ -78,17 +85,30 @@ class DelayCalibration:
         """Relative step down on a close call that made it: the equilibrium of `miss_rate` misses."""
         return self.up * self.miss_rate / (1.0 - self.miss_rate)
 
-    def observe(self, delay_s: float, budget_s: float, expected_s: float) -> None:
-        """Record a finished request: `delay_s` from its admission to the end of its batch, `budget_s` its
-        latency budget then (inf: none) and `expected_s` admission's mean prediction for it (0: none)."""
+    def factor_at(self, now_s: float) -> float:
+        """The factor as of `now_s`: after `QUIET_S` without a miss or a close call, relaxed back towards
+        `INITIAL_FACTOR` (halving the distance every `HALF_LIFE_S`). What it learnt at the boundary is forgotten
+        once the load left it: a burst of misses does not leave a moderately loaded server refusing requests."""
+        quiet_s = now_s - self.last_event_s - QUIET_S
+        if quiet_s <= 0.0:
+            return self.factor
+        return INITIAL_FACTOR + (self.factor - INITIAL_FACTOR) * math.exp2(-quiet_s / HALF_LIFE_S)
+
+    def observe(self, delay_s: float, budget_s: float, expected_s: float, now_s: float) -> None:
+        """Record a request that finished at `now_s`: `delay_s` from its admission to the end of its batch,
+        `budget_s` its latency budget then (inf: none), `expected_s` admission's mean prediction for it (0: none)."""
         if expected_s <= 0.0 or not 0.0 < budget_s < math.inf:
             return
-        predicted_s = self.factor * expected_s
+        factor = self.factor_at(now_s)
+        predicted_s = factor * expected_s
         if predicted_s > budget_s:
             return  # the current factor would have refused it
         if delay_s > budget_s:
             self.misses += 1
-            self.factor = min(FACTOR_RANGE[1], self.factor * (1.0 + self.up))
+            factor = min(FACTOR_RANGE[1], factor * (1.0 + self.up))
         elif predicted_s >= NEAR_BUDGET * budget_s:
             self.close_calls += 1
-            self.factor = max(FACTOR_RANGE[0], self.factor * (1.0 - self.down))
+            factor = max(FACTOR_RANGE[0], factor * (1.0 - self.down))
+        else:
+            return
+        self.factor, self.last_event_s = factor, now_s

@@ -183,7 +183,8 @@ class Simulator:
     def _admitted(self, q: _Queue, budget_s: float) -> float | None:
         """The server batcher's admission by predicted delay, on this queue's estimates: None when refused,
         else the mean prediction the delay calibration judges it by (as the batcher's `check_admission`)."""
-        d = admit(q.load.backlog(len(q.items) + q.running, self.policy.max_batch_size, q.instances()), budget_s)
+        d = admit(q.load.backlog(len(q.items) + q.running, self.policy.max_batch_size, q.instances(),
+                                 self.clock.now_s()), budget_s)
         return d.expected_s if d.admitted else None
 
     def _stretched(self, now: float, svc: float) -> float:
@@ -203,7 +204,7 @@ class Simulator:
         for it in r.batch:
             if it.enqueued_s >= cut:
                 lat.append(now - it.enqueued_s)
-            load.delays.observe(now - it.enqueued_s, it.budget_s, it.expected_s)  # as the batcher feeds it
+            load.delays.observe(now - it.enqueued_s, it.budget_s, it.expected_s, now)  # as the batcher feeds it
         if self._track_ewma:
             for it in r.batch:
                 r.ewma_s = peak_ewma_update(r.ewma_s, now - it.enqueued_s, now - r.ewma_t)

@@ -25,6 +25,7 @@ from headroom.server.dataplane import DataPlane, ServedVersion
 from headroom.server.http_app import HttpApi, HttpLimits, build_http_app
 from headroom.server.metrics import ServerMetrics
 from tests.server.conftest import build_test_repository
+from tests.support.waiting import until
 
 
 class Stack:
@@ -120,15 +121,20 @@ async def test_route_errors_keep_their_status_and_shape(stack: Stack) -> None:
 
 
 async def test_client_that_leaves_while_queued_is_dropped_and_gets_cancelled(stack: Stack, tmp_path: Path) -> None:
+    seen_file = tmp_path / "slow" / "1" / "seen.txt"
+
+    def seen() -> list[str]:
+        return seen_file.read_text().split() if seen_file.exists() else []
+
     blocker = asyncio.create_task(stack.request("POST", "/v2/models/slow/infer", _slow_body(400, 500)))
-    await asyncio.sleep(0.1)
+    await until(lambda: "500" in seen(), "the blocker to start executing")
     status, _, body = await stack.request("POST", "/v2/models/slow/infer", _slow_body(0, 501),
                                           disconnect_after_s=0.1)
     assert status == Cancelled.http_status and b"disconnected" in body
     assert (await blocker)[0] == 200
-    await asyncio.sleep(0.05)
-    seen = (tmp_path / "slow" / "1" / "seen.txt").read_text().split()
-    assert "500" in seen and "501" not in seen
+    # a later request runs after anything still queued (FIFO): once it ran, 501 would have run too
+    assert (await stack.request("POST", "/v2/models/slow/infer", _slow_body(0, 502)))[0] == 200
+    assert "500" in seen() and "502" in seen() and "501" not in seen()
     # the request task was not left cancelled: the next request on this loop works
     assert (await stack.request("POST", "/v2/models/echo/infer", _echo_body([1.0, 1.0])))[0] == 200
 
@@ -149,7 +155,7 @@ async def test_a_watcher_that_fails_counts_as_a_disconnect_and_outer_cancel_prop
         await asyncio.Event().wait()
 
     task = asyncio.create_task(stack.dataplane.infer(req, never))
-    await asyncio.sleep(0.01)
+    await until(lambda: stack.dataplane.inflight == 1, "the request to be in flight")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
