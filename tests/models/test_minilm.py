@@ -128,13 +128,21 @@ def test_batch_is_tokenized_once_and_padded_to_its_longest_sentence(minilm: Load
     assert alone["input_ids"][0].tolist() == batch["input_ids"][1, :short].tolist()
 
 
+@pytest.mark.parametrize(("size", "overhead"), [(0, 24), (8, 10**6), (3, 0), (0, 0), (0, 10**6)])
 def test_large_batch_runs_in_length_sorted_sub_batches_and_keeps_request_order(
-        any_minilm: LoadedModel, expected: np.ndarray) -> None:
+        any_minilm: LoadedModel, expected: np.ndarray, size: int, overhead: int) -> None:
+    """11 sentences of mixed lengths, cut as the shipped default does, in runs of at most 8 or 3, one per
+    length (no call overhead), or all in one call: every cut gives each request its own embedding."""
     model = any_minilm.model
-    assert isinstance(model, MiniLMOnnxModel | MiniLMModel) and model.length_bucket_size == 8
-    order = [4, 2, 0, 3, 1, 2, 3, 0, 4, 1, 2]  # 11 sentences of mixed lengths: sub-batches of 8 and 3
-    items = [model.preprocess(wire([SENTENCES[i]]), {}) for i in order]
-    got = model.split(model.predict(model.collate(items)), [1] * len(items))
+    assert isinstance(model, MiniLMOnnxModel | MiniLMModel)
+    assert (model.length_bucket_size, model.length_bucket_overhead_tokens) == (0, 24)  # the defaults
+    model.length_bucket_size, model.length_bucket_overhead_tokens = size, overhead
+    try:
+        order = [4, 2, 0, 3, 1, 2, 3, 0, 4, 1, 2]
+        items = [model.preprocess(wire([SENTENCES[i]]), {}) for i in order]
+        got = model.split(model.predict(model.collate(items)), [1] * len(items))
+    finally:
+        model.length_bucket_size, model.length_bucket_overhead_tokens = 0, 24
     np.testing.assert_allclose(np.concatenate([g["embedding"] for g in got]), expected[order], atol=1e-5)
 
 

