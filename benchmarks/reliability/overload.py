@@ -8,12 +8,13 @@ from its schedule and its CPU share, so a figure from a client that could not ke
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from benchmarks.reliability.common import Outcome, headroom, percentile_ms
+from benchmarks.reliability.common import MODELS, Outcome, headroom, percentile_ms
 from benchmarks.reliability.lean_client import closed_loop, open_loop
 from headroom.core.server_timing import parse_server_timing
 
@@ -25,8 +26,12 @@ ROUTE = "/v1/embeddings"
 CAPACITY_CONNECTIONS = 16
 
 
-def run(log_dir: Path, duration_s: float, capacity_s: float, slo_ms: float, factor: float = 2.0) -> dict[str, Any]:
-    with headroom("serve", ["--model-repository", "models", "--model", "minilm", "--no-access-log"], log_dir) as srv:
+def run(log_dir: Path, duration_s: float, capacity_s: float, slo_ms: float, factor: float = 2.0,
+        repository: Path = MODELS, serve_args: Sequence[str] = ()) -> dict[str, Any]:
+    """Serve minilm from `repository` (an A/B arm may be a copy with its config changed, or other `serve_args`),
+    measure its closed-loop capacity, then offer `factor` x that as an open loop for `duration_s`."""
+    args = ["--model-repository", str(repository), "--model", "minilm", "--no-access-log", *serve_args]
+    with headroom("serve", args, log_dir) as srv:
         url = srv.url + ROUTE
         asyncio.run(closed_loop(url, BODY, min(3.0, capacity_s)))  # warm the process up first
         capacity = asyncio.run(closed_loop(url, BODY, capacity_s, concurrency=CAPACITY_CONNECTIONS))

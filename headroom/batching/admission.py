@@ -80,6 +80,7 @@ def refusal_message(model: str, backlog: Backlog, decision: AdmissionDecision, b
         f"{backlog.max_batch_size} at {backlog.fixed_s * 1e3:.1f} ms + {backlog.per_item_s * 1e3:.2f} ms per "
         f"item, x{backlog.tail_factor:.2f} for the tail of measured delays) predict "
         f"{decision.predicted_s * 1e3:.0f} ms until this request is served, over its latency budget of "
-        f"{budget_s * 1e3:.0f} ms (the model's SLO or the client's timeout, whichever is shorter); retry after "
+        f"{budget_s * 1e3:.0f} ms (the model's SLO or the client's timeout, whichever is shorter, less the time "
+        f"already spent and the config's slo_reserve_fraction); retry after "
         f"{decision.retry_after_s:.2f} s"
     )

@@ -28,8 +28,10 @@ def policy_config(config: ModelConfig) -> BatchPolicyConfig:
 
 
 def latency_budget_ms(cfg: ModelConfig, client_timeout_ms: float | None) -> float:
-    """A request's latency budget: the model's SLO (its default timeout when it sets none) or the client's
-    timeout, whichever is shorter."""
+    """A request's latency budget at the server: the model's SLO (its default timeout when it sets none) or the
+    client's timeout, whichever is shorter, less the `slo_reserve_fraction` kept for the time the client sees
+    and the server cannot (the network hop, the response's write, the client's read)."""
     b = cfg.batching
     model_ms = b.slo_p99_ms if b.slo_p99_ms is not None else b.default_timeout_ms
-    return model_ms if client_timeout_ms is None else min(model_ms, client_timeout_ms)
+    budget_ms = model_ms if client_timeout_ms is None else min(model_ms, client_timeout_ms)
+    return budget_ms * (1.0 - b.slo_reserve_fraction)

@@ -83,6 +83,9 @@ class BatchingConfig:
     # the latency objective: admission refuses (503) a request whose predicted delay exceeds it, and the
     # adaptive window respects it; None: admission uses default_timeout_ms, the adaptive window 100 ms
     slo_p99_ms: float | None = None
+    # the share of the latency budget admission keeps back for what the server cannot time: the network hop,
+    # the response's write and the client's own read (admission targets (1 - this) x the budget)
+    slo_reserve_fraction: float = 0.1
     sync_deadline_ms: float = 33.0  # multistream: how long a frame waits for its missing streams
     expected_streams: tuple[str, ...] = ()  # multistream: stream ids a complete frame carries
 
@@ -181,6 +184,9 @@ def _batching(raw: Any, where: str) -> BatchingConfig:
         raise ValueError(f"{where}.default_timeout_ms: must be > 0")
     if cfg.slo_p99_ms is not None and not cfg.slo_p99_ms > 0:
         raise ValueError(f"{where}.slo_p99_ms: must be > 0 ms when set")
+    reserve = cfg.slo_reserve_fraction
+    if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not 0.0 <= reserve <= 0.5:
+        raise ValueError(f"{where}.slo_reserve_fraction: must be within 0..0.5, got {cfg.slo_reserve_fraction!r}")
     if any(b < 1 for b in cfg.preferred_batch_sizes):
         raise ValueError(f"{where}.preferred_batch_sizes: every size must be >= 1")
     return cfg
