@@ -47,7 +47,8 @@ def test_freezing_moves_the_live_heap_out_of_later_collections(monitor: GcMonito
     try:
         assert registry.get_sample_value("headroom_gc_frozen_objects") == 0
         frozen = monitor.freeze_heap()
-        assert frozen == gc.get_freeze_count() > 0
+        # frozen objects are still freed by reference counting: other threads of the suite may free a few since
+        assert 0 < gc.get_freeze_count() <= frozen
         assert registry.get_sample_value("headroom_gc_frozen_objects") == frozen  # counted once, at freeze time
         survivor = [object()]  # allocated after the freeze: still tracked, still collectable
         assert gc.is_tracked(survivor)
