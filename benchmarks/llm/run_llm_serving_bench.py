@@ -192,7 +192,7 @@ def main() -> None:
         "--long-prompt-tokens", type=int, default=1000,
         help="also a 1-stream level of prompts this long (TTFT of a long prompt; 0 = none)",
     )  # fmt: skip
-    ap.add_argument("--long-queries", type=int, default=8, help="requests of the long-prompt level")
+    ap.add_argument("--long-queries", type=int, default=8, help="requests of the long-prompt level (0: no such level)")
     ap.add_argument("--threads", type=int, default=2, help="threads for transformers (and llama-server by default)")
     ap.add_argument("--llama-threads", type=int, default=0, help="llama-server -t (0 = --threads)")
     ap.add_argument(
@@ -235,7 +235,7 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     # (label, streams, queries, prompt tokens, max tokens): the levels, each with fresh prompts every round
     levels = [(str(c), c, n, args.prompt_tokens, args.max_tokens) for c, n in zip(streams, queries, strict=True)]
-    if args.long_prompt_tokens > 0:
+    if args.long_prompt_tokens > 0 and args.long_queries > 0:  # --long-queries 0 skips the level
         levels.append((f"long{args.long_prompt_tokens}", 1, args.long_queries, args.long_prompt_tokens, 16))
     prompt_dir = out_dir / "prompts"
     prompt_dir.mkdir(exist_ok=True)
