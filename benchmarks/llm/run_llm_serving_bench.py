@@ -51,6 +51,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -173,7 +174,14 @@ def summarise(rows: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str, A
     return {"medians": medians, "ratios": ratios}
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM (`timeout`, a CI cancel) as SystemExit, so that `finally` stops the servers and subprocess.run kills
+    the running `headroom bench`: killed outright they were orphaned and kept loading the machine."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", default=",".join(SERVERS), help="comma-separated: " + ", ".join(SERVERS))
     ap.add_argument("--streams", default="1,8,32", help="concurrency levels (closed-loop streams)")

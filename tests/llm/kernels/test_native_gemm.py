@@ -52,6 +52,26 @@ def test_extreme_integers_are_exact(lib: ctypes.CDLL, isa: str, act_bits: int) -
         np.testing.assert_array_equal(native_gemm(lib, w, x[2:3], isa, act_bits=act_bits, pack=pack), want[2:3])
 
 
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("nibble", [0, 15])
+def test_extreme_nibbles_are_exact(lib: ctypes.CDLL, isa: str, fmt: str, nibble: int) -> None:
+    """Q4 blocks whose nibbles are all 0 or all 15 (the byte sums behind the 16-bit planes' bias reach their bounds:
+    Q4_1 8 x 15, Q4_0 8 x -8) against 16- and 8-bit activations, every layout, tails of 2 blocks included."""
+    rng = np.random.default_rng(13)
+    n, k = 9, 576
+    head = 4 if fmt == "Q4_1" else 2
+    raw = qb.quantize_weights(fmt, rng.standard_normal((n, k)).astype(np.float32)).reshape(n, k // 32, head + 16)
+    raw[:, :, head:] = nibble * 0x11
+    w = qb.QTensor(fmt, n, k, np.ascontiguousarray(raw).reshape(-1))
+    x = rng.standard_normal((6, k)).astype(np.float32)
+    for bits in (8, 16):
+        want = qb.reference_matmul(fmt, w.data, n, k, x, bits)
+        for pack in (True, False):
+            for m in (1, 6):
+                got = native_gemm(lib, w, x[:m], isa, num_threads=1, act_bits=bits, pack=pack)
+                np.testing.assert_array_equal(got, want[:m], err_msg=f"{fmt} {nibble=} {bits}-bit {m=} {pack=}")
+
+
 def test_rows_independent_of_batch_and_threads(lib: ctypes.CDLL, isa: str) -> None:
     rng = np.random.default_rng(5)
     w = qb.QTensor("Q4_1", 70, 576, qb.quantize_weights("Q4_1", rng.standard_normal((70, 576)).astype(np.float32)))
