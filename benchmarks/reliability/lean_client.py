@@ -196,19 +196,26 @@ async def open_loop(url: str, body: bytes, rate_per_s: float, duration_s: float,
 
 async def closed_loop(url: str, body: bytes, seconds: float, concurrency: int = 8, timeout_s: float = 30.0) -> float:
     """`concurrency` connections sending back to back for `seconds`: answers 200 per second (the capacity)."""
+    statuses, wall_s = await closed_loop_statuses(url, body, seconds, concurrency, timeout_s)
+    return statuses.get(200, 0) / wall_s
+
+
+async def closed_loop_statuses(url: str, body: bytes, seconds: float, concurrency: int = 8,
+                               timeout_s: float = 30.0) -> tuple[dict[int, int], float]:
+    """`concurrency` connections, each sending its next request the moment the previous one is answered, whatever
+    the answer (a 503 too: a retry loop without backoff) for `seconds`: answers per status, and the wall time."""
     host, port, payload = encode_post(url, body)
-    ok = 0
+    statuses: dict[int, int] = {}
     deadline = time.monotonic() + seconds
 
     async def worker() -> None:
-        nonlocal ok
         reader, writer = await asyncio.open_connection(host, port)
         conn = _Conn(reader, writer)
         try:
             while time.monotonic() < deadline:
                 async with asyncio.timeout(timeout_s):
                     status, _, keep = await conn.exchange(payload)
-                ok += status == 200
+                statuses[status] = statuses.get(status, 0) + 1
                 if not keep:
                     conn.close()
                     reader, writer = await asyncio.open_connection(host, port)
@@ -219,4 +226,4 @@ async def closed_loop(url: str, body: bytes, seconds: float, concurrency: int = 
 
     t0 = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return ok / (time.monotonic() - t0)
+    return statuses, time.monotonic() - t0

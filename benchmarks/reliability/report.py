@@ -54,6 +54,13 @@ def markdown(r: dict[str, Any]) -> str:
         rows.append(_row("overload: goodput vs capacity", f"{_f(None if ratio is None else 100 * ratio)}%", ">= 90%",
                          None if ratio is None else ratio >= 0.9))
         rows.append(_row("overload: connection errors", str(o["connection_errors"]), "0", o["connection_errors"] == 0))
+    if "storm" in r:
+        st = r["storm"]
+        ratio = st["accepted_vs_capacity"]
+        rows.append(_row(f"retry storm ({st['connections']} connections re-sending at once on a 503, "
+                         f"{_f(st['duration_s'], 0)} s; {_f(st['refused_per_s'], 0)} refusals/s): accepted",
+                         f"{_f(st['accepted_per_s'])}/s = {_f(None if ratio is None else 100 * ratio)}% of "
+                         f"{_f(st['capacity_per_s'])}/s capacity", ">= 50%", None if ratio is None else ratio >= 0.5))
     for key, label in (("kill_9", "replica kill -9"), ("sigterm", "replica SIGTERM")):
         if "failover" in r:
             f = r["failover"][key]

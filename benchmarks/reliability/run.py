@@ -1,6 +1,7 @@
-"""The reliability suite (`make reliability`; not part of `make test`): overload at 2x capacity, a replica
-killed (-9) and one drained (SIGTERM) behind `headroom route`, 16 abandoned LLM streams, and a fuzz of every
-HTTP route and gRPC ModelInfer. Real servers on 127.0.0.1, bounded loops, stops by itself.
+"""The reliability suite (`make reliability`; not part of `make test`): overload at 2x capacity, a retry storm
+(64 connections re-sending at once on a 503), a replica killed (-9) and one drained (SIGTERM) behind `headroom
+route`, 16 abandoned LLM streams, and a fuzz of every HTTP route and gRPC ModelInfer. Real servers on 127.0.0.1,
+bounded loops, stops by itself.
 
     python -m benchmarks.reliability.run                       # the full run (minutes; quiet machine)
     python -m benchmarks.reliability.run --duration-s 5 --failover-duration-s 5 --fuzz-cases 200   # a smoke
@@ -21,11 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.reliability import failover, fuzz, overload, streams
+from benchmarks.reliability import failover, fuzz, overload, storm, streams
 from benchmarks.reliability.common import ROOT
 from benchmarks.reliability.report import markdown
 
-SCENARIOS = ("overload", "failover", "streams", "fuzz")
+SCENARIOS = ("overload", "storm", "failover", "streams", "fuzz")
 
 
 def _portable(value: Any) -> str:
@@ -41,6 +42,7 @@ def main() -> None:
     p.add_argument("--duration-s", type=float, default=30.0, help="Overload run at 2x capacity (>= 30 s).")
     p.add_argument("--capacity-s", type=float, default=10.0, help="Closed-loop capacity measurement.")
     p.add_argument("--slo-ms", type=float, default=100.0, help="minilm's latency SLO.")
+    p.add_argument("--storm-s", type=float, default=15.0, help="Retry storm: 64 connections re-sending at once.")
     p.add_argument("--failover-rate", type=float, default=100.0, help="Requests/s through the router (>= 100).")
     p.add_argument("--failover-duration-s", type=float, default=20.0, help="Per fault (>= 20 s: >= 2000 requests).")
     p.add_argument("--streams", type=int, default=16, help="Abandoned LLM streams.")
@@ -56,13 +58,15 @@ def main() -> None:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     a.out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = a.out_dir / f"reliability_{stamp}.json", a.out_dir / f"reliability_{stamp}.md"
-    bounds = {"overload": 60 + 3 + a.capacity_s + a.duration_s, "failover": 2 * (120 + a.failover_duration_s),
+    bounds = {"overload": 60 + 3 + a.capacity_s + a.duration_s, "storm": 60 + 3 + a.capacity_s + a.storm_s,
+              "failover": 2 * (120 + a.failover_duration_s),
               "streams": 120.0, "fuzz": 120 + a.fuzz_budget_s}  # server starts included (a quiet machine)
     bound_min = sum(bounds[name] for name in chosen) / 60
     print(f"reliability: {', '.join(chosen)}; typically well under {bound_min:.0f} min on a quiet machine; "
           f"results will be in {md_path} and {json_path}", flush=True)
     runners: dict[str, Callable[[Path], Any]] = {
         "overload": lambda logs: overload.run(logs, a.duration_s, a.capacity_s, a.slo_ms),
+        "storm": lambda logs: storm.run(logs, a.storm_s, a.capacity_s),
         "failover": lambda logs: failover.run(logs, a.failover_rate, a.failover_duration_s),
         "streams": lambda logs: streams.run(logs, a.streams),
         "fuzz": lambda logs: fuzz.run(logs, a.fuzz_cases, a.fuzz_cases, a.fuzz_budget_s),

@@ -2,7 +2,8 @@
 
 Request path inside one model version:
 
-    submit() ── admission (queue full, or predicted delay over the budget → Overloaded/503)
+    submit() ── admission (queue full, or predicted delay over the budget → Overloaded/503; held a while
+             when refusals far outnumber admissions: `refusal_pacing`)
              ── preprocess in a worker thread (overlaps the running batch) ── queue
              ── loop: decide(snapshot, now) ── expire → DeadlineExceeded (never executed)
                                             └── take  → collate/predict/split/postprocess in
@@ -28,7 +29,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from headroom.batching.admission import admit, refusal_message
 from headroom.batching.estimator import LoadEstimates
 from headroom.batching.policy import BatchPolicyConfig, QueuedItem, QueueSnapshot, decide
 from headroom.batching.queue import BatchResult, Entry
+from headroom.batching.refusal_pacing import STORM_RATIO, RefusalPacing
 from headroom.batching.workers import ThreadWorkers
 from headroom.core import start_signal
 from headroom.core.clock import Clock
@@ -77,6 +79,7 @@ class BatcherConfig:
     retry_after_s: float = 1.0  # Retry-After advertised on a full queue's 503
     warmup_batches: tuple[tuple[int, float], ...] = ()  # (items, seconds) of warmup's batches: the first estimate
     compute_nice: int = 0  # nice value of the batch and preprocess threads (headroom.core.compute_priority)
+    refusal_pacing_ratio: float = STORM_RATIO  # refusals per admission past which refusals are held (0: never)
 
 
 class Batcher:
@@ -105,6 +108,8 @@ class Batcher:
         self._died: BaseException | None = None  # why the loop died
         self._batch_tasks: set[asyncio.Task[None]] = set()
         self._load = LoadEstimates()  # arrival rate and service time: the same code as the simulator's
+        # holds refusals during a retry storm (None: off)
+        self._pacing = RefusalPacing(config.refusal_pacing_ratio) if config.refusal_pacing_ratio > 0 else None
         for items, seconds in config.warmup_batches:  # the estimate is not 0 before the first request
             self._load.service.observe(seconds, items)
 
@@ -171,19 +176,24 @@ class Batcher:
         predicted delay (`headroom.batching.admission`) does not fit it. Cheap: callable before a body is read.
         Returns admission's mean prediction of the delay (0 without a budget): the delay calibration's input."""
         if self._admitted >= self._cfg.max_queue_size:
-            raise Overloaded(
-                f"model '{self._name}' queue is full ({self._cfg.max_queue_size} requests); retry later",
-                retry_after_s=self._cfg.retry_after_s,
-            )
+            self._refuse(f"model '{self._name}' queue is full ({self._cfg.max_queue_size} requests); retry later",
+                         self._cfg.retry_after_s)
         if budget_s is None:
             return 0.0
         backlog = self._load.backlog(self._admitted, self._cfg.policy.max_batch_size if self._cfg.batching else 1,
                                      self._cfg.instances, self._clock.now_s())
         decision = admit(backlog, budget_s)
         if not decision.admitted:
-            raise Overloaded(refusal_message(self._name, backlog, decision, budget_s),
-                             retry_after_s=decision.retry_after_s)
+            self._refuse(refusal_message(self._name, backlog, decision, budget_s), decision.retry_after_s)
         return decision.expected_s
+
+    def _refuse(self, message: str, retry_after_s: float) -> NoReturn:
+        """Raise Overloaded, held while refusals far outnumber admissions (`headroom.batching.refusal_pacing`)."""
+        hold_s = 0.0 if self._pacing is None else self._pacing.on_refused(self._clock.now_s(), retry_after_s)
+        if self._pacing is not None and hold_s > 0.0:
+            message += (f"; answered after {hold_s * 1e3:.0f} ms: refusals outnumber admissions over "
+                        f"{self._pacing.ratio:g} to 1 (clients re-sending without waiting for Retry-After)")
+        raise Overloaded(message, retry_after_s=retry_after_s, hold_s=hold_s)
 
     # -- request path ----------------------------------------------------------------------------------
     async def submit(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object], *,
@@ -193,6 +203,8 @@ class Batcher:
         await one request; `on_start` is called once when its batch starts executing (never for a request
         that leaves the queue without running). Raises HeadroomError subclasses."""
         expected_s = self.check_admission(budget_s)
+        if self._pacing is not None:
+            self._pacing.on_admitted(self._clock.now_s())
         self._admitted += 1
         self._obs.on_queue_depth(self._admitted)
         try:

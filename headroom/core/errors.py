@@ -14,7 +14,8 @@
     ├── DeadlineExceeded               504 DEADLINE_EXCEEDED request timed out before or while executing
     └── Cancelled                      499 CANCELLED         the client went away (never sent to a client)
 
-Transports translate these with `http_status` / `grpc_code`; nothing else decides a status.
+Transports translate these with `http_status` / `grpc_code`; nothing else decides a status. An error with a
+`hold_s` (a refusal paced during a retry storm, `headroom.batching.refusal_pacing`) is answered that much later.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ class HeadroomError(Exception):
     grpc_code: str = "INTERNAL"
     reason: str = "internal"
 
-    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+    def __init__(self, message: str, *, retry_after_s: float | None = None, hold_s: float = 0.0) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after_s = retry_after_s
+        self.hold_s = hold_s  # seconds a transport waits before it answers (refusal pacing: a retry storm)
 
     def to_json(self) -> dict[str, object]:
         """The body every transport returns: `{"error": message, "reason": reason}`."""

@@ -29,6 +29,7 @@ The YAML edge validates with ValueError carrying the file and key, so a user kno
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,10 @@ class BatchingConfig:
     # the share of the latency budget admission keeps back for what the server cannot time: the network hop,
     # the response's write and the client's own read (admission targets (1 - this) x the budget)
     slo_reserve_fraction: float = 0.1
+    # refusal pacing (headroom.batching.refusal_pacing): while refusals outnumber admissions more than this to 1
+    # over the last second (clients re-sending without waiting for Retry-After), refusals are held before they
+    # are answered; 0 turns it off
+    refusal_pacing_ratio: float = 4.0
     sync_deadline_ms: float = 33.0  # multistream: how long a frame waits for its missing streams
     expected_streams: tuple[str, ...] = ()  # multistream: stream ids a complete frame carries
 
@@ -187,6 +192,9 @@ def _batching(raw: Any, where: str) -> BatchingConfig:
     reserve = cfg.slo_reserve_fraction
     if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not 0.0 <= reserve <= 0.5:
         raise ValueError(f"{where}.slo_reserve_fraction: must be within 0..0.5, got {cfg.slo_reserve_fraction!r}")
+    ratio = cfg.refusal_pacing_ratio
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio < math.inf:
+        raise ValueError(f"{where}.refusal_pacing_ratio: must be a number >= 0 (0: off), got {ratio!r}")
     if any(b < 1 for b in cfg.preferred_batch_sizes):
         raise ValueError(f"{where}.preferred_batch_sizes: every size must be >= 1")
     return cfg

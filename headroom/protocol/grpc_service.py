@@ -225,6 +225,8 @@ def _guarded(name: str, method: Handler) -> Handler:
             code, message = grpc.StatusCode[exc.grpc_code], exc.message
             if isinstance(exc, Draining):  # as the HTTP header: the router retries it on another replica
                 context.set_trailing_metadata(((DRAINING_HEADER, "1"),))
+            if exc.hold_s > 0.0:  # a refusal paced during a retry storm (headroom.batching.refusal_pacing)
+                await asyncio.sleep(exc.hold_s)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

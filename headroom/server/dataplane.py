@@ -105,7 +105,8 @@ class DataPlane:
             served.model,
             BatcherConfig(policy=policy_config(cfg), max_queue_size=cfg.batching.max_queue_size,
                           instances=cfg.instances, batching=cfg.max_batch_size > 0,
-                          warmup_batches=served.warmup_batches, compute_nice=cfg.runtime.compute_nice),
+                          warmup_batches=served.warmup_batches, compute_nice=cfg.runtime.compute_nice,
+                          refusal_pacing_ratio=cfg.batching.refusal_pacing_ratio),
             self._clock,
             observer,
             name=served.name,
@@ -135,10 +136,13 @@ class DataPlane:
             await slot.batcher.stop()
 
     async def remove(self, name: str, drain_timeout_s: float = 30.0) -> list[ServedVersion]:
-        """Stop serving every version of `name` (new requests get 404), let admitted ones finish, stop batchers."""
+        """Stop serving every version of `name` (new requests get 404), let admitted ones finish, stop batchers.
+        A removed model no longer holds the server's readiness (Triton's strict readiness counts the models that
+        should be loaded: unloading one on purpose does not take the server out of rotation)."""
         versions = self._slots.pop(name, None)
         if versions is None:
             raise ModelNotFound(f"model '{name}' is not loaded")
+        self._expected.discard(name)
         await self._drain(list(versions.values()), drain_timeout_s)
         return [slot.served for slot in versions.values()]
 

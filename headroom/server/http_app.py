@@ -37,6 +37,7 @@ from headroom.server.http_errors import (
     error_response,
     error_timing,
     headroom_error_handler,
+    hold,
     http_exception_handler,
 )
 from headroom.server.metrics import OnlySeries
@@ -171,6 +172,7 @@ class HttpApi:
         try:
             return await self._embeddings(request)
         except HeadroomError as exc:
+            await hold(exc)
             headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s else {}
             timing = error_timing(request.scope)
             if timing is not None:

@@ -4,6 +4,7 @@ attributed to stages), measured from the HTTP app's entry (`START_KEY` in the AS
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Mapping
@@ -44,7 +45,15 @@ def error_response(exc: HeadroomError, scope: Mapping[str, Any] | None = None) -
 async def headroom_error_handler(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, HeadroomError):
         raise exc
+    await hold(exc)
     return error_response(exc, request.scope)
+
+
+async def hold(exc: HeadroomError) -> None:
+    """Wait before answering an error that asks for it: a refusal paced during a retry storm
+    (`headroom.batching.refusal_pacing`). A timer, not CPU; the Server-Timing `total` then includes it."""
+    if exc.hold_s > 0.0:
+        await asyncio.sleep(exc.hold_s)
 
 
 async def http_exception_handler(request: Request, exc: Exception) -> Response:

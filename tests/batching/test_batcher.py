@@ -329,3 +329,35 @@ async def test_requests_that_miss_their_budget_make_admission_more_cautious() ->
     finally:
         model.gate.set()
         await b.stop()
+
+
+@pytest.mark.parametrize("ratio", [4.0, 0.0])
+async def test_refusals_are_held_once_they_far_outnumber_admissions_unless_pacing_is_off(ratio: float) -> None:
+    """On a fake clock: one request admitted and held in the model, the queue full (1). The first refusals are
+    answered at once; past `ratio` x max(1 admission/s, 1/s) refusals in the second they carry a hold (at most
+    1 s) and say why. With pacing off (ratio 0) none ever does."""
+    model = Doubler()
+    model.gate.clear()
+    clock = FakeClock(50.0)
+    cfg = BatcherConfig(policy=BatchPolicyConfig(max_batch_size=1, max_queue_delay_s=0.0), max_queue_size=1,
+                        refusal_pacing_ratio=ratio)
+    b = Batcher(model, cfg, clock, name="doubler")
+    b.start()
+    try:
+        held = asyncio.create_task(b.submit({"x": np.array([[1.0]], dtype=np.float32)}, {},
+                                            deadline_s=clock.now_s() + 60))
+        await executing(model)
+        holds = []
+        for _ in range(12):
+            with pytest.raises(Overloaded, match="queue is full") as info:
+                b.check_admission(None)
+            holds.append(info.value.hold_s)
+            assert ("answered after" in info.value.message) == (info.value.hold_s > 0)
+        if ratio:
+            assert holds[:4] == [0.0] * 4 and all(0.01 <= h <= 1.0 for h in holds[4:])
+        else:
+            assert holds == [0.0] * 12
+        model.gate.set()
+        await held
+    finally:
+        await b.stop()

@@ -43,13 +43,28 @@ def test_without_an_slo_the_default_timeout_is_the_bound() -> None:
     assert latency_budget_ms(cfg, None) == 2000.0
 
 
-@pytest.mark.parametrize("bad", [-0.01, 0.51, 1.0, 7, math.nan, math.inf, -math.inf, "0.1", True, None, [0.1]])
-def test_a_reserve_outside_0_to_half_is_refused_naming_the_field(bad: object) -> None:
-    with pytest.raises(ValueError, match="slo_reserve_fraction"):
-        parse_model_config({**BASE, "dynamic_batching": {"slo_reserve_fraction": bad}}, "m")
+BAD_VALUES = [
+    *(("slo_reserve_fraction", v) for v in (-0.01, 0.51, 1.0, 7, math.nan, math.inf, -math.inf, "0.1", True, None,
+                                             [0.1])),
+    *(("refusal_pacing_ratio", v) for v in (-0.01, -4, math.nan, math.inf, "4", True, None, [4])),
+]  # the reserve within 0..0.5; the pacing ratio a number >= 0 (0: off)
+
+
+@pytest.mark.parametrize(("field", "bad"), BAD_VALUES)
+def test_a_bad_reserve_or_pacing_ratio_is_refused_naming_the_field(field: str, bad: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        parse_model_config({**BASE, "dynamic_batching": {field: bad}}, "m")
 
 
 @given(st.floats(0.0, 0.5))
 def test_every_reserve_in_range_is_accepted(reserve: float) -> None:
     cfg = parse_model_config({**BASE, "dynamic_batching": {"slo_reserve_fraction": reserve}}, "m")
     assert cfg.batching.slo_reserve_fraction == reserve
+
+
+@given(st.floats(0.0, 1e6))
+def test_every_refusal_pacing_ratio_from_0_is_accepted(ratio: float) -> None:
+    """0 turns pacing off; the default is 4 (headroom.batching.refusal_pacing.STORM_RATIO)."""
+    cfg = parse_model_config({**BASE, "dynamic_batching": {"refusal_pacing_ratio": ratio}}, "m")
+    assert cfg.batching.refusal_pacing_ratio == ratio
+    assert parse_model_config(BASE, "m").batching.refusal_pacing_ratio == 4.0

@@ -4,6 +4,8 @@ raw bytes), and counts the time spent at the edge against the budget. Through a 
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -48,6 +50,19 @@ async def _depth(client: httpx.AsyncClient, url: str) -> int:
     return sum(int(s["queue_depth"]) for s in stats)
 
 
+async def _blocked(client: httpx.AsyncClient, url: str, warm_ms: int, block_ms: int) -> asyncio.Task[httpx.Response]:
+    """One request of `warm_ms` (the service-time estimate learns from it), then one of `block_ms` running: the
+    task of the second, once it is admitted."""
+    assert (await client.post("/embeddings", json={"model": "lag", "input": str(warm_ms)})).status_code == 200
+    blocker = asyncio.create_task(client.post("/embeddings", json={"model": "lag", "input": str(block_ms)}))
+
+    async def one_ahead() -> bool:
+        return await _depth(client, url) == 1
+
+    await until_async(one_ahead, "the blocker to be admitted")
+    return blocker
+
+
 async def test_an_overloaded_embedding_model_refuses_before_the_body_is_parsed(lag_server: RunningServer) -> None:
     """After a 1 s batch the estimate predicts >= 2 s for a request behind one running: over the 300 ms SLO.
     A body that is not even valid JSON, but names the model, gets the 503 (and Retry-After), not the 400 that
@@ -55,13 +70,7 @@ async def test_an_overloaded_embedding_model_refuses_before_the_body_is_parsed(l
     same broken body is a 400: the parse decides again."""
     broken = b'{"model": "lag", "input": ["0"'  # truncated: a parse would answer 400
     async with httpx.AsyncClient(base_url=lag_server.url + "/v1", timeout=60) as client:
-        assert (await client.post("/embeddings", json={"model": "lag", "input": "1000"})).status_code == 200
-        blocker = asyncio.create_task(client.post("/embeddings", json={"model": "lag", "input": "2000"}))
-
-        async def one_ahead() -> bool:
-            return await _depth(client, lag_server.url) == 1
-
-        await until_async(one_ahead, "the blocker to be admitted")
+        blocker = await _blocked(client, lag_server.url, warm_ms=1000, block_ms=2000)
         refused = await client.post("/embeddings", content=broken, headers={"content-type": "application/json"})
         quoted = await client.post("/embeddings", json={"input": ['"model": "lag"'], "model": "nope"})
         assert not blocker.done()
@@ -71,3 +80,30 @@ async def test_an_overloaded_embedding_model_refuses_before_the_body_is_parsed(l
         assert (await blocker).status_code == 200
         parsed = await client.post("/embeddings", content=broken, headers={"content-type": "application/json"})
         assert parsed.status_code == 400 and parsed.json()["error"]["code"] == "invalid_json", parsed.text
+
+
+async def test_a_client_that_resends_at_once_on_a_503_is_paced(lag_server: RunningServer) -> None:
+    """Issue 17, a retry storm: a client that re-sends the moment it is refused. The first refusals are answered
+    at once; once refusals outnumber admissions more than 4 to 1 over the last second, each refusal is held for
+    a while (its message says how long, and the client waits at least that), so the loop is paced by the server
+    instead of spending its CPU. The request the model is running is unaffected."""
+    async with httpx.AsyncClient(base_url=lag_server.url + "/v1", timeout=60) as client:
+        blocker = await _blocked(client, lag_server.url, warm_ms=10, block_ms=5000)
+        fast = 0
+        for _ in range(40):
+            start = time.monotonic()
+            refused = await client.post("/embeddings", json={"model": "lag", "input": "1"})
+            took_s = time.monotonic() - start
+            assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1, refused.text
+            held = re.search(r"answered after (\d+) ms", refused.json()["error"]["message"])
+            if held is None:
+                fast += 1
+                continue
+            assert 10 <= int(held.group(1)) <= 1000 and took_s >= int(held.group(1)) / 1e3 * 0.95
+            assert "without waiting for Retry-After" in refused.json()["error"]["message"]
+            break
+        else:
+            pytest.fail("40 refusals in a row and none held")
+        assert 4 <= fast <= 12, fast  # 4 x max(the admissions in the last second, 1/s) answered at once
+        assert not blocker.done()
+        assert (await blocker).status_code == 200

@@ -71,6 +71,10 @@ def test_explicit_mode_loads_only_load_model_at_start(tmp_path: Path) -> None:
             client.load_model("text")
         assert "unknown key 'max_batch_sise'; did you mean 'max_batch_size'?" in str(typo.value)
         assert client.is_model_ready("text")  # the loaded version keeps serving
+        client.unload_model("echo")  # a model loaded at start, unloaded on purpose: the server stays ready
+        assert not client.is_model_ready("echo") and client.is_server_ready()
+        client.load_model("echo")
+        assert client.is_model_ready("echo") and client.is_server_ready()
 
 
 def test_load_model_needs_explicit_mode_and_a_known_name(tmp_path: Path) -> None:
