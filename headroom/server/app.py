@@ -46,6 +46,7 @@ from headroom.lifecycle.residency import ResidencyConfig
 from headroom.models.repository import ModelRepository, RepositoryIndex
 from headroom.models.trust import DEFAULT_TRUSTED
 from headroom.server.dataplane import DataPlane
+from headroom.server.early_refusal import EarlyRefusalMiddleware
 from headroom.server.gc_monitor import GcMonitor
 from headroom.server.grpc_admin import TritonAdminServicer
 from headroom.server.http_app import HttpApi, HttpLimits, build_http_app
@@ -170,7 +171,8 @@ class Server:
         # One access line per request: the data plane writes it (HTTP and gRPC alike); the gateway's own line
         # stays for what the data plane never sees (LLM routes: llm_access_log; its refusals: gateway/access.py).
         quiet = replace(gw, config=replace(gw.config, access_log=False))
-        http_app = TiedStartMiddleware(build_http_app(api, [*llm_routes, *dashboard]), self.tied)
+        tied = TiedStartMiddleware(build_http_app(api, [*llm_routes, *dashboard]), self.tied)
+        http_app = EarlyRefusalMiddleware(tied, api.refuse_early, self.clock.now_s)  # 503s in front of Starlette
         app = wrap_app(http_app, quiet, self.clock, provider, self.registry, self.limiter)
         headers_timeout_s = gw.config.limits.headers_timeout_s
         protocol = header_deadline_protocol(headers_timeout_s) if headers_timeout_s > 0 else "auto"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from headroom.core.deadline import client_timeout_ms
+from headroom.core.deadline import client_timeout_ms, parse_timeout_ms
 from headroom.core.errors import HeadroomError, InvalidRequest, ModelNotFound
 from headroom.core.server_timing import server_timing_header
 from headroom.core.types import InferenceRequest, Tensor
@@ -59,6 +60,9 @@ class HttpLimits:
 def _json(payload: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
                     media_type="application/json", headers=headers)
+
+
+_INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 
 
 def received_s(request: Request) -> float | None:
@@ -211,6 +215,20 @@ class HttpApi:
         vectors = embeddings.truncate(vectors, dimensions)
         return _json(embeddings.response_body(req, vectors, tokens),
                      headers={"Server-Timing": server_timing_header(result.timings)})
+
+    def refuse_early(self, path: str, timeout_header: str | None, body: bytes, arrived_s: float | None,
+                     request_id: str) -> None:
+        """The routes' admission before the body is parsed, from the raw request (`early_refusal`): raise
+        Overloaded for `POST /v1/embeddings` (model peeked from the body) and V2 infer; nothing else is checked."""
+        if path == "/v1/embeddings":
+            name, version = embeddings.peek_model(body), ""
+            if name is None or not self._serves_embeddings(name):
+                return
+        elif (infer := _INFER_PATH.fullmatch(path)) is not None:
+            name, version = infer[1], infer[2] or ""
+        else:
+            return
+        self.dp.admit_early(name, version, parse_timeout_ms(timeout_header), request_id, arrived_s)
 
     def _serves_embeddings(self, name: str) -> bool:
         config = self.dp.config_of(name)
