@@ -7,14 +7,17 @@ fast as the server can answer, and that work crowds out the requests it admitted
 minilm left it 57-176 accepted requests/s of ~650 (session 16's measurement).
 
 So while refusals outnumber admissions more than `STORM_RATIO` to 1 over the last second (an offered load over
-`1 + STORM_RATIO` times what is served, well past the 2x that admission answers at once), a refusal is *held*
+`1 + STORM_RATIO` times what is served, far past the 2x that admission answers at once), a refusal is *held*
 before it is sent: at least for the backlog's drain time scaled by how far past the ratio the refusals are, and
 longer (`GAIN` more per refusal) for as long as they stay past it, since a client that is paced re-sends less
 often and the hold that brings the refusals back to the ratio is what it converges to; at least `MIN_HOLD_S`,
 at most `MAX_HOLD_S`, the shortest `Retry-After` an answer carries (whole seconds, >= 1). Once refusals are
 within the ratio the hold shrinks by `GAIN` per refusal and halves every `LEVEL_HALF_LIFE_S`. (Holding for the
 rates' hold alone, with no memory, left a 64-connection storm at ~1,000 refusals/s and minilm at ~40% of its
-capacity; the feedback brings it to ~450/s and 50-60%, on a 2-core Zen 3 EPYC. See BENCHMARKS.md.) A held
+capacity; the feedback brings it to ~450/s and 50-60%, on a 2-core Zen 3 EPYC. The ratio is 8, not 4: an open
+loop at 2x on that machine, whose accepted rate sagged under the refusals' cost, refused ~3 per admission on
+average and past 4 at times, and the holds that followed took its rejection p99 to 1 s; at 8 a storm still
+settles near 50% of capacity. See BENCHMARKS.md.) A held
 refusal costs the server a timer, not CPU. A client that waits for its answer before re-sending (any
 HTTP/1.1 connection, any closed loop) is paced by it; a client that honours `Retry-After` never meets it; and
 below the ratio nothing is held, so an ordinary overload is still refused at once, fast enough for a router or a
@@ -32,7 +35,7 @@ import math
 from dataclasses import dataclass, field
 
 #: Refusals per admission (over the last second) above which refusals are held.
-STORM_RATIO = 4.0
+STORM_RATIO = 8.0
 #: The shortest hold: long enough to pace a client that re-sends within microseconds.
 MIN_HOLD_S = 0.01
 #: The longest hold: the shortest Retry-After an answer carries (the header is in whole seconds, at least 1).

@@ -90,7 +90,7 @@ class BatchingConfig:
     # refusal pacing (headroom.batching.refusal_pacing): while refusals outnumber admissions more than this to 1
     # over the last second (clients re-sending without waiting for Retry-After), refusals are held before they
     # are answered; 0 turns it off
-    refusal_pacing_ratio: float = 4.0
+    refusal_pacing_ratio: float = 8.0
     sync_deadline_ms: float = 33.0  # multistream: how long a frame waits for its missing streams
     expected_streams: tuple[str, ...] = ()  # multistream: stream ids a complete frame carries
 

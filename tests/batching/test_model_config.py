@@ -64,7 +64,7 @@ def test_every_reserve_in_range_is_accepted(reserve: float) -> None:
 
 @given(st.floats(0.0, 1e6))
 def test_every_refusal_pacing_ratio_from_0_is_accepted(ratio: float) -> None:
-    """0 turns pacing off; the default is 4 (headroom.batching.refusal_pacing.STORM_RATIO)."""
+    """0 turns pacing off; the default is 8 (headroom.batching.refusal_pacing.STORM_RATIO)."""
     cfg = parse_model_config({**BASE, "dynamic_batching": {"refusal_pacing_ratio": ratio}}, "m")
     assert cfg.batching.refusal_pacing_ratio == ratio
-    assert parse_model_config(BASE, "m").batching.refusal_pacing_ratio == 4.0
+    assert parse_model_config(BASE, "m").batching.refusal_pacing_ratio == 8.0

@@ -48,11 +48,12 @@ def test_hold_is_zero_within_the_ratio_and_bounded_past_it(admitted: float, refu
 
 
 def test_hold_grows_with_the_excess_and_the_backlog() -> None:
-    assert hold_s(399, 100, 0.05) == 0.0  # an overload of ~5x what is served is still refused at once
-    assert hold_s(800, 100, 0.05) == pytest.approx(0.1)  # twice the ratio: twice the drain time
-    assert hold_s(8000, 100, 0.05) == MAX_HOLD_S  # capped at the shortest Retry-After an answer carries
-    assert hold_s(800, 100, 0.0) == MIN_HOLD_S  # nothing to drain: the floor still paces a tight loop
-    assert hold_s(5, 0, 0.05) == pytest.approx(0.0625)  # nothing admitted: judged against 1/s, not at once
+    assert hold_s(799, 100, 0.05) == 0.0  # the default ratio (8): an overload of ~9x what is served is refused at once
+    assert hold_s(399, 100, 0.05, ratio=4) == 0.0
+    assert hold_s(800, 100, 0.05, ratio=4) == pytest.approx(0.1)  # twice the ratio: twice the drain time
+    assert hold_s(8000, 100, 0.05, ratio=4) == MAX_HOLD_S  # capped at the shortest Retry-After an answer carries
+    assert hold_s(800, 100, 0.0, ratio=4) == MIN_HOLD_S  # nothing to drain: the floor still paces a tight loop
+    assert hold_s(5, 0, 0.05, ratio=4) == pytest.approx(0.0625)  # nothing admitted: judged against 1/s
 
 
 def test_a_storm_is_held_and_an_ordinary_overload_is_not() -> None:
@@ -71,8 +72,8 @@ def test_a_storm_is_held_and_an_ordinary_overload_is_not() -> None:
             p.on_admitted(t + i / 2000)
         holds.append(p.on_refused(t + i / 2000, 0.08))
     first = next(i for i, h in enumerate(holds) if h > 0)  # once the window holds more storm than before ...
-    assert first < 1500 and all(h > 0 for h in holds[first:])  # ... every later refusal is held,
-    assert holds[first] >= hold_s(1, 0, 0.08) and holds[-1] == MAX_HOLD_S  # longer while it goes on
+    assert first < 1900 and all(h > 0 for h in holds[first:])  # ... every later refusal is held,
+    assert holds[first] >= MIN_HOLD_S and holds[-1] == MAX_HOLD_S  # longer while it goes on
     assert all(b >= a for a, b in itertools.pairwise(holds[first:]))
     assert p.held == len(holds) - first
     t += 3.0  # the storm is over: the 2 s since its end halve the hold twice; refusals within the ratio take 5% each
