@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import orjson
@@ -62,6 +63,7 @@ def _json(payload: object, status: int = 200, headers: dict[str, str] | None = N
                     media_type="application/json", headers=headers)
 
 
+T = TypeVar("T")
 _INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 
 
@@ -81,6 +83,25 @@ def disconnect_watcher(request: Request):  # type: ignore[no-untyped-def]
                 return
 
     return wait
+
+
+def _texts_tensor(name: str, dims: int, texts: Sequence[str]) -> Tensor:
+    """`texts` as a BYTES input of one string per batch row (`dims`: the input's non-batch dimensions, all 1)."""
+    shape = (len(texts), *(1 for _ in range(dims)))
+    return Tensor(name, "BYTES", shape, np.array([t.encode("utf-8") for t in texts], dtype=object).reshape(shape))
+
+
+async def _all_or_none(calls: list[Awaitable[T]]) -> list[T]:
+    """Await `calls` side by side; the first failure cancels the others and is raised (all succeed or none)."""
+    if len(calls) == 1:
+        return [await calls[0]]
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
 
 
 class HttpApi:
@@ -200,21 +221,25 @@ class HttpApi:
             raise ModelNotFound(f"model {req.model!r} is not an embedding model; /v1/embeddings serves "
                                 f"{', '.join(self._embedding_models()) or 'none here'}")
         dimensions = embeddings.check_dimensions(served.config, req.dimensions)
-        spec = served.config.inputs[0]
-        shape = (len(req.texts), *(1 for _ in spec.shape))  # one string per batch row
-        data = np.array([t.encode("utf-8") for t in req.texts], dtype=object).reshape(shape)
-        infer = InferenceRequest(request_id=request_id, model_name=req.model, model_version="",
-                                 inputs=(Tensor(spec.name, "BYTES", shape, data),),
-                                 timeout_ms=timeout_ms, received_s=arrived_s)
+        spec, cap = served.config.inputs[0], served.config.max_batch_size
+        # more inputs than one batch holds: one request per max_batch_size of them, run side by side
+        chunks = [req.texts[i:i + cap] for i in range(0, len(req.texts), cap)] if cap > 0 else [req.texts]
+        calls = [InferenceRequest(request_id=request_id, model_name=req.model, model_version="",
+                                  inputs=(_texts_tensor(spec.name, len(spec.shape), chunk),),
+                                  timeout_ms=timeout_ms, received_s=arrived_s) for chunk in chunks]
         if peeked != req.model:  # refused now, before a thread is given its token count (it would queue there)
-            self.dp.admit_early(req.model, "", infer.timeout_ms, infer.request_id, arrived_s)
+            self.dp.admit_early(req.model, "", timeout_ms, request_id, arrived_s)
+        watcher = disconnect_watcher(request)  # one reader of the client's messages, for the first call
         # the usage count tokenizes off the loop while the model runs (a model that cannot count reports 0)
-        result, tokens = await asyncio.gather(self.dp.infer(infer, disconnect_watcher(request)),
-                                              asyncio.to_thread(embeddings.count_tokens, served.model, req.texts))
-        vectors = np.asarray(result.outputs[0].data, dtype=np.float32).reshape(len(req.texts), -1)
+        results, tokens = await asyncio.gather(
+            _all_or_none([self.dp.infer(call, watcher if i == 0 else None) for i, call in enumerate(calls)]),
+            asyncio.to_thread(embeddings.count_tokens, served.model, req.texts))
+        vectors = np.concatenate([np.asarray(r.outputs[0].data, dtype=np.float32).reshape(len(chunk), -1)
+                                  for r, chunk in zip(results, chunks, strict=True)])
         vectors = embeddings.truncate(vectors, dimensions)
+        slowest = max(results, key=lambda r: r.timings.total_ms)
         return _json(embeddings.response_body(req, vectors, tokens),
-                     headers={"Server-Timing": server_timing_header(result.timings)})
+                     headers={"Server-Timing": server_timing_header(slowest.timings)})
 
     def refuse_early(self, path: str, timeout_header: str | None, body: bytes, arrived_s: float | None,
                      request_id: str) -> None:

@@ -158,4 +158,4 @@ def test_backends_and_cold_start_stages(minilm: LoadedModel, minilm_torch: Loade
     assert [s.name for s in minilm.cold_start] == ["read_tokenizer", "read_weights", "build_session", "warmup"]
     assert isinstance(minilm_torch.model, MiniLMModel) and minilm_torch.config.backend == "torch"
     assert [s.name for s in minilm_torch.cold_start] == ["read_weights", "build_session", "warmup"]
-    assert minilm.warmup_batch_sizes == (1, 8, 32)
+    assert minilm.warmup_batch_sizes == (1, 8, 16)

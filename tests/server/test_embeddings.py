@@ -118,3 +118,16 @@ def test_matryoshka_truncation_when_a_model_declares_it() -> None:
     assert cut.shape == (3, 128)
     np.testing.assert_allclose(np.linalg.norm(cut, axis=1), 1.0, rtol=1e-6)
     np.testing.assert_allclose(cut[0] / cut[0, 0], vectors[0, :128] / vectors[0, 0], rtol=1e-5)
+
+
+def test_more_inputs_than_a_batch_holds_are_embedded_in_order(oai: openai.OpenAI) -> None:
+    """An OpenAI client may send any number of inputs: past minilm's max_batch_size they run as several
+    requests and come back as one answer, in the order sent, each the embedding it gets alone."""
+    cap = load_model_config(REPO / "minilm").max_batch_size
+    texts = [f"sentence number {i} about {'cats' if i % 3 else 'the weather'}" for i in range(2 * cap + 3)]
+    result = oai.embeddings.create(model="minilm", input=texts)
+    assert [d.index for d in result.data] == list(range(len(texts)))
+    assert result.usage.prompt_tokens == _expected_tokens(texts)
+    for i in (0, cap - 1, cap, 2 * cap + 2):
+        alone = oai.embeddings.create(model="minilm", input=texts[i]).data[0].embedding
+        np.testing.assert_allclose(result.data[i].embedding, alone, atol=1e-5)
