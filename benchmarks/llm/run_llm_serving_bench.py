@@ -313,6 +313,7 @@ def main() -> None:
         "headroom_config_overrides": headroom_overrides,  # over models/smollm2/config.yaml's parameters
         "headroom_alt_config_overrides": alt_overrides,  # the headroom-alt server's (an A/B in the same run)
         "headroom_threads_arg": args.headroom_threads,
+        "headroom_kernel_isa": os.environ.get("HEADROOM_KERNEL_ISA", "auto"),  # a forced path (e.g. avx2) or auto
         "llama_threads": args.llama_threads or args.threads,
         "hf_threads": args.threads,
         "http_client": args.http_client,

@@ -43,15 +43,16 @@ class Proc:
 
 @contextlib.contextmanager
 def headroom(command: str, args: Sequence[str], log_dir: Path, ready_timeout_s: float = 300.0,
-             grpc: bool = False) -> Iterator[Proc]:
-    """Run `headroom <command> --http-port/--port P [args]` until ready; SIGTERM (then SIGKILL) on exit."""
+             grpc: bool = False, code: Path = ROOT) -> Iterator[Proc]:
+    """Run `headroom <command> --http-port/--port P [args]` until ready; SIGTERM (then SIGKILL) on exit.
+    `code`: the checkout whose `headroom` package runs (an A/B of two revisions: a `git worktree` of the other)."""
     port, grpc_port = free_port(), free_port() if grpc else -1
     port_flag = "--http-port" if command == "serve" else "--port"
     cmd = [sys.executable, "-m", "headroom.cli.main", command, port_flag, str(port), "--grpc-port", str(grpc_port),
            *args]
     log_path = log_dir / f"{command}-{port}.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=code,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
     running = Proc(proc, f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}" if grpc else "", log_path)
     try:

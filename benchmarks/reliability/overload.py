@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks.reliability.common import MODELS, Outcome, headroom, percentile_ms
+from benchmarks.reliability.common import MODELS, ROOT, Outcome, headroom, percentile_ms
 from benchmarks.reliability.lean_client import closed_loop, open_loop
 from headroom.core.server_timing import parse_server_timing
 
@@ -27,11 +27,12 @@ CAPACITY_CONNECTIONS = 16
 
 
 def run(log_dir: Path, duration_s: float, capacity_s: float, slo_ms: float, factor: float = 2.0,
-        repository: Path = MODELS, serve_args: Sequence[str] = ()) -> dict[str, Any]:
-    """Serve minilm from `repository` (an A/B arm may be a copy with its config changed, or other `serve_args`),
-    measure its closed-loop capacity, then offer `factor` x that as an open loop for `duration_s`."""
+        repository: Path = MODELS, serve_args: Sequence[str] = (), code: Path = ROOT) -> dict[str, Any]:
+    """Serve minilm from `repository` (an A/B arm may be a copy with its config changed, other `serve_args`, or
+    another checkout's `code`), measure its closed-loop capacity, then offer `factor` x that as an open loop for
+    `duration_s`."""
     args = ["--model-repository", str(repository), "--model", "minilm", "--no-access-log", *serve_args]
-    with headroom("serve", args, log_dir) as srv:
+    with headroom("serve", args, log_dir, code=code) as srv:
         url = srv.url + ROUTE
         asyncio.run(closed_loop(url, BODY, min(3.0, capacity_s)))  # warm the process up first
         capacity = asyncio.run(closed_loop(url, BODY, capacity_s, concurrency=CAPACITY_CONNECTIONS))

@@ -23,7 +23,6 @@ the request in the engine.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +38,7 @@ from headroom.core.errors import (
     NotReady,
     RateLimited,
 )
+from headroom.core.json_object import json_object
 from headroom.core.types import InferenceResponse, Tensor
 from headroom.gateway.context import current_context
 from headroom.gateway.limits import InputLimits, estimate_openai_body
@@ -107,12 +107,8 @@ def decode_llm_request(message: pb.ModelInferRequest, serving: OpenAIServing, re
                 raise InvalidRequest(f"input '{TEXT_INPUT}' must be BYTES (the prompt), got {tensor.datatype}")
             text = _utf8(_scalar(tensor), f"input '{TEXT_INPUT}'")
         elif tensor.name == SAMPLING_INPUT:
-            try:
-                doc = json.loads(_utf8(_scalar(tensor), f"input '{SAMPLING_INPUT}'"))
-            except json.JSONDecodeError as exc:
-                raise InvalidRequest(f"input '{SAMPLING_INPUT}' is not valid JSON: {exc}") from None
-            if not isinstance(doc, dict):
-                raise InvalidRequest(f"input '{SAMPLING_INPUT}' must be a JSON object of sampling settings")
+            doc = json_object(_utf8(_scalar(tensor), f"input '{SAMPLING_INPUT}'"), f"input '{SAMPLING_INPUT}'",
+                              InvalidRequest, " of sampling settings")
             for key, value in doc.items():
                 _add(settings, str(key), value, f"input '{SAMPLING_INPUT}'")
         else:

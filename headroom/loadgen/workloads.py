@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import functools
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from headroom.core.json_object import json_object
 
 WORKLOADS: tuple[str, ...] = ("sentences", "digits", "chat", "shared-prefix", "jsonl")
 
@@ -155,19 +156,17 @@ def from_jsonl(path: str | Path) -> list[Sample]:
     for line_number, line in enumerate(file.read_text().splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{file}:{line_number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{file}:{line_number}: each line must be a JSON object")
-        if isinstance(obj.get("body"), dict):
-            out.append(Sample(body=obj["body"]))
+        obj = json_object(line, f"{file}:{line_number}", ValueError, " (one sample per line)")
+        body = obj.get("body")
+        if isinstance(body, dict):
+            out.append(Sample(body=body))
             continue
         text = obj.get("text", obj.get("prompt"))
         if not isinstance(text, str):
             raise ValueError(f'{file}:{line_number}: needs "text" or "prompt" (a string) or "body" (an object)')
-        max_tokens = int(obj.get("max_tokens", 0))
+        max_tokens = obj.get("max_tokens", 0)
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
+            raise ValueError(f"{file}:{line_number}: max_tokens must be an integer >= 0, got {max_tokens!r}")
         out.append(Sample(text=text, max_output_tokens=max_tokens, input_words=len(text.split())))
     if not out:
         raise ValueError(f"dataset file {file} holds no samples")

@@ -19,6 +19,7 @@ from pathlib import Path
 import orjson
 
 from headroom.core.errors import InvalidRequest, Unsupported
+from headroom.core.json_object import json_object as parse_json_object
 
 SHM_KINDS = ("system", "cuda")
 LOG_KEYS = ("log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format")
@@ -46,15 +47,7 @@ def load_parameters(params: object) -> Mapping[str, object] | None:
 
 def json_object(raw: bytes | str, what: str) -> dict[str, object]:
     """Parse `raw` as one JSON object (empty = {}); InvalidRequest naming `what` otherwise."""
-    if not raw.strip():
-        return {}
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidRequest(f"{what} must be a JSON object")
-    return doc
+    return parse_json_object(raw, what, InvalidRequest) if raw.strip() else {}
 
 
 class TritonSettings:

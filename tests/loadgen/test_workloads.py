@@ -57,5 +57,12 @@ def test_jsonl_samples_and_errors(tmp_path: Path) -> None:
     path.write_text('{"text": "ok"}\n{"nope": 1}\n')
     with pytest.raises(ValueError, match=r"d\.jsonl:2"):
         from_jsonl(path)
+    for bad, says in [("[1]", "must be a JSON object"), ("{x", "not valid JSON"),
+                      ('{"text": "t", "max_tokens": "7"}', "max_tokens must be an integer"),
+                      ('{"text": "t", "max_tokens": -1}', "max_tokens must be an integer"),
+                      ('{"text": "t", "max_tokens": true}', "max_tokens must be an integer")]:
+        path.write_text('{"text": "ok"}\n' + bad + "\n")
+        with pytest.raises(ValueError, match=rf"d\.jsonl:2 .*{says}|d\.jsonl:2: {says}"):
+            from_jsonl(path)
     with pytest.raises(ValueError, match="--dataset-path"):
         WorkloadSpec(kind="jsonl")
