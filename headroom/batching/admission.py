@@ -2,25 +2,13 @@
 
 A pure function of (backlog, budget): no clock, no state. The batcher calls it on every submit, and the
 HTTP route calls it through the data plane before reading the body, with the budget the headers allow.
-Batch service time is modelled as `T(n) = fixed_s + per_item_s x n` (`headroom.batching.estimator`). The
-prediction replays what the batcher will do, instance by instance:
+Batch service time is modelled as `fixed_s + per_item_s x items` (`headroom.batching.estimator`), and
+the queue is served in batches of up to `max_batch_size`, `instances` at a time:
 
-    free_i       = T(n_i) for each executing batch of n_i requests, 0 for each idle instance
-    queued       = requests_ahead - executing requests + 1   # the queue ahead (and preprocessing), then this one
-    full batches = ceil(queued / max_batch_size) - 1, each to the instance free first (round-robin in order of
-                   free_i: every free_i is within one batch time of the others)
-    expected_s   = when the instance free first after them is free + T(the rest)
-    predicted_s  = tail_factor x expected_s
-    admit        = requests_ahead == 0 or predicted_s <= budget_s
-    retry_after  = when the backlog ahead is served (the same replay without this request)
-
-Before session 20 the whole backlog was spread evenly over the instances, `(batches x fixed_s + items x
-per_item_s) / instances`: with minilm's 2 instances that predicted half of a request's own batch time when one
-instance was idle and the other busy, and the delay calibration had to hold its factor past x2 to cover it.
-Two refinements were tried in the simulator and left out, because the calibration then let more admitted
-requests miss (`tests/sim/test_engine.py`'s 2x overload, 6 seeds): counting the time an executing batch has
-already run (its remaining time has a long tail; 1 instance: 0.8-1.5% over the budget instead of 0.5-1.3%), and
-the arrivals that will join the request's own batch (more close calls that lower the factor: 0.8-1.9%).
+    drain_s(k)     = (ceil(k / max_batch_size) x fixed_s + k x per_item_s) / instances
+    predicted_s    = tail_factor x drain_s(requests_ahead + 1)   # the queue ahead, then the request itself
+    admit          = requests_ahead == 0 or predicted_s <= budget_s
+    retry_after_s  = drain_s(requests_ahead)          # time for the backlog to drain (its expected value)
 
 The fit predicts the *mean* batch time. Admitting at the mean lets the queue fill until the typical request
 just meets the budget, so the slower half of them miss it. `tail_factor` (>= 1) turns the prediction into a
@@ -51,7 +39,6 @@ class Backlog:
     max_batch_size: int = 1  # requests one batch can take (1 for a model that does not batch)
     instances: int = 1  # batches that execute concurrently
     tail_factor: float = 1.0  # a high quantile of batch time over the fit's mean (1: predict at the mean)
-    running: tuple[int, ...] = ()  # requests in each executing batch (at most one batch per instance)
 
     def __post_init__(self) -> None:
         if self.requests_ahead < 0 or self.fixed_s < 0 or self.per_item_s < 0:
@@ -60,25 +47,11 @@ class Backlog:
             raise ValueError("max_batch_size and instances must be >= 1")
         if not 1.0 <= self.tail_factor < math.inf:
             raise ValueError(f"tail_factor must be finite and >= 1, got {self.tail_factor}")
-        if len(self.running) > self.instances or any(n < 1 for n in self.running):
-            raise ValueError(f"running batches {self.running} on {self.instances} instances: at most one each, "
-                             "each of >= 1 request")
 
-    def batch_s(self, items: int) -> float:
-        """T(items): the fit's mean time of one batch."""
-        return self.fixed_s + self.per_item_s * items
-
-    def served_s(self, queued: int) -> float:
-        """Seconds until the `queued`-th request waiting behind the executing batches is served (0: until an
-        instance is free)."""
-        free = sorted([self.batch_s(n) for n in self.running] + [0.0] * (self.instances - len(self.running)))
-        if queued <= 0:
-            return free[0]
-        full = (queued - 1) // self.max_batch_size  # batches ahead of its own, each of max_batch_size
-        rounds, first = divmod(full, self.instances)  # round-robin in order of free time
-        whole = self.batch_s(self.max_batch_size)
-        start_s = min(f + (rounds + (1 if i < first else 0)) * whole for i, f in enumerate(free))
-        return start_s + self.batch_s(queued - full * self.max_batch_size)
+    def drain_s(self, items: int) -> float:
+        """Seconds to serve `items` requests from an empty start, in batches of up to max_batch_size."""
+        batches = math.ceil(items / self.max_batch_size)
+        return (batches * self.fixed_s + items * self.per_item_s) / self.instances
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,14 +66,11 @@ class AdmissionDecision:
 
 def admit(backlog: Backlog, budget_s: float) -> AdmissionDecision:
     """Admit unless the backlog ahead plus the request itself would overrun `budget_s`."""
-    # >= 0: a request cancelled while its batch runs has left requests_ahead but is still in `running`
-    queued = max(0, backlog.requests_ahead - sum(backlog.running))
-    expected_s = backlog.served_s(queued + 1)
+    expected_s = backlog.drain_s(backlog.requests_ahead + 1)
     predicted_s = backlog.tail_factor * expected_s
     admitted = backlog.requests_ahead == 0 or predicted_s <= budget_s
-    retry_after_s = backlog.served_s(queued) if backlog.requests_ahead else 0.0
     return AdmissionDecision(admitted=admitted, predicted_s=predicted_s, expected_s=expected_s,
-                             retry_after_s=retry_after_s)
+                             retry_after_s=backlog.drain_s(backlog.requests_ahead))
 
 
 def refusal_message(model: str, backlog: Backlog, decision: AdmissionDecision, budget_s: float) -> str:

@@ -96,7 +96,6 @@ class Batcher:
         self._queue: list[Entry] = []
         self._admitted = 0  # admitted and not yet resolved (includes preprocessing and executing)
         self._free_instances = config.instances
-        self._running: list[int] = []  # requests in each executing batch (admission replays them per instance)
         # The loop sleeps on one plain future (no Event, no asyncio.timeout per sleep): `_wake` resolves it, and a
         # policy's `wake_at_s` is one loop timer that calls `_wake`.
         self._sleeping: asyncio.Future[None] | None = None
@@ -182,7 +181,7 @@ class Batcher:
         if budget_s is None:
             return 0.0
         backlog = self._load.backlog(self._admitted, self._cfg.policy.max_batch_size if self._cfg.batching else 1,
-                                     self._cfg.instances, self._clock.now_s(), self._running)
+                                     self._cfg.instances, self._clock.now_s())
         decision = admit(backlog, budget_s)
         if not decision.admitted:
             self._refuse(refusal_message(self._name, backlog, decision, budget_s), decision.retry_after_s)
@@ -293,7 +292,6 @@ class Batcher:
             for entry in taken:
                 self._queue.remove(entry)
             self._free_instances -= 1
-            self._running.append(len(taken))
             task = asyncio.create_task(self._execute(taken, decision.window_s, decision.missing_streams),
                                        name=f"batch-{self._name}")
             self._batch_tasks.add(task)
@@ -347,7 +345,6 @@ class Batcher:
             busy_s = self._clock.now_s() - start_s
             self._obs.on_busy(busy_s)
             self._free_instances += 1
-            self._running.remove(len(entries))
             if self._queue:  # an empty queue has nothing to dispatch: the next arrival wakes the loop
                 self._wake()
         if live:

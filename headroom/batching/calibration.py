@@ -1,9 +1,9 @@
 """Delay calibration: a feedback loop that keeps admitted requests within their budget at the SLO's rate.
 
-Admission predicts a request's delay from the service-time fit (`admission.admit`, at the fit's
+Admission predicts a request's delay from the service-time fit (`admission.Backlog.drain_s`, at the fit's
 mean). The fit is a model of *batches*; a request's real delay also holds what it leaves out: the noise of
-batch times, how many requests really join its own batch, the policy's window, and a host whose cores the
-HTTP work shares. Under overload
+batch times, the rest of the batch already running when the request arrived, the requests admitted after it
+that join its own batch, the policy's window, and a host whose cores the HTTP work shares. Under overload
 these decide whether an admitted request meets its SLO.
 
 So admission predicts at `factor` x the mean, and the factor is steered by what happened to the requests it

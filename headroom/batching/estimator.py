@@ -120,11 +120,10 @@ class LoadEstimates:
         return QueueSnapshot(items=tuple(items), arrival_rate_per_s=self.arrivals.rate_per_s(now_s),
                              service_time_s=self.service.mean_s)
 
-    def backlog(self, requests_ahead: int, max_batch_size: int, instances: int, now_s: float,
-                running: Sequence[int] = ()) -> Backlog:
+    def backlog(self, requests_ahead: int, max_batch_size: int, instances: int, now_s: float) -> Backlog:
         """What `admission.admit` sees ahead of a new request, predicting at the delay calibration's factor
-        (`headroom.batching.calibration`). `running`: the requests in each executing batch."""
+        (`headroom.batching.calibration`)."""
         fixed_s, per_item_s = self.service.fit()
         return Backlog(requests_ahead=requests_ahead, fixed_s=fixed_s, per_item_s=per_item_s,
                        max_batch_size=max_batch_size, instances=instances,
-                       tail_factor=self.delays.factor_at(now_s), running=tuple(running))
+                       tail_factor=self.delays.factor_at(now_s))

@@ -184,7 +184,7 @@ class Simulator:
         """The server batcher's admission by predicted delay, on this queue's estimates: None when refused,
         else the mean prediction the delay calibration judges it by (as the batcher's `check_admission`)."""
         d = admit(q.load.backlog(len(q.items) + q.running, self.policy.max_batch_size, q.instances(),
-                                 self.clock.now_s(), q.running_batches()), budget_s)
+                                 self.clock.now_s()), budget_s)
         return d.expected_s if d.admitted else None
 
     def _stretched(self, now: float, svc: float) -> float:

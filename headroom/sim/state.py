@@ -52,10 +52,6 @@ class SimQueue:
         """Replicas that serve this queue now (admission's concurrent batches), at least 1."""
         return max(1, sum(1 for r in self.replicas if r.ready))
 
-    def running_batches(self) -> list[int]:
-        """The requests in the batch each ready replica is executing: admission's view, as the batcher's."""
-        return [len(r.batch) for r in self.replicas if r.ready and r.batch]
-
 
 class ScaleState:
     """The autoscaler's memory and the counters its samples are computed from."""

@@ -257,32 +257,6 @@ async def test_admission_by_predicted_delay_starts_from_the_warm_estimate() -> N
     assert all(99.0 not in batch for batch in model.batches)
 
 
-@pytest.mark.parametrize(("instances", "predicted_ms"), [(1, 45.0), (2, 22.5)])
-async def test_admission_sees_which_instances_are_busy(instances: int, predicted_ms: float) -> None:
-    """One request executing (10 ms + 5 ms per item, x1.5): with one instance a new request waits for it and
-    then runs, 1.5 x (15 + 15) = 45 ms; with two it runs at once on the idle one, 1.5 x 15 = 22.5 ms (spreading
-    the backlog over both instances predicted 15 ms)."""
-    model = Doubler()
-    model.gate.clear()
-    clock = FakeClock(100.0)
-    cfg = BatchPolicyConfig(max_batch_size=8, max_queue_delay_s=0.0)
-    b = Batcher(model, BatcherConfig(policy=cfg, max_queue_size=64, instances=instances,
-                                     warmup_batches=((1, 0.015), (8, 0.05))), clock, name="doubler")
-    b.start()
-    try:
-        held = asyncio.create_task(b.submit({"x": np.array([[1.0]], dtype=np.float32)}, {},
-                                            deadline_s=clock.now_s() + 60, budget_s=1.0))
-        await executing(model)
-        b.check_admission(predicted_ms / 1e3 + 1e-4)
-        with pytest.raises(Overloaded, match=rf"predict {predicted_ms:.0f} ms"):
-            b.check_admission(predicted_ms / 1e3 - 1e-4)
-        model.gate.set()
-        await held
-    finally:
-        model.gate.set()
-        await b.stop()
-
-
 async def test_a_loop_that_dies_fails_its_queue_refuses_new_work_and_reports_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
